@@ -1,0 +1,61 @@
+# The interface for people and for CI: .ci/run calls these targets and nothing else.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+K8S_VERSION ?= v1.34.4
+DRA_GPU_CACHE ?= $(HOME)/.cache/dra-gpu
+DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
+STATE_DIR := .run/cluster
+export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
+
+.PHONY: help venv kubebins lint format test unit e2e run cluster-up cluster-down clean
+
+help:
+	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
+	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
+	@echo "make cluster-up    start the local cluster in the background (node-01..03) and print exports"
+	@echo "make cluster-down  stop it"
+	@echo "make kubebins      build etcd, kube-*, kubectl and helm $(K8S_VERSION) into $(DRA_GPU_BIN_DIR)"
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+kubebins:
+	@hack/build-kubebins.sh >/dev/null
+
+lint: venv
+	$(BIN)/ruff check operator tests hack
+	$(BIN)/ruff format --check operator tests hack
+
+format: venv
+	$(BIN)/ruff check --fix operator tests hack
+	$(BIN)/ruff format operator tests hack
+
+test: lint kubebins
+	$(BIN)/pytest
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+e2e: venv kubebins
+	$(BIN)/pytest tests/e2e
+
+cluster-up: venv kubebins
+	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR)
+
+cluster-down: venv
+	@$(BIN)/python -m dra_gpu.testing down --state-dir $(STATE_DIR)
+
+run: cluster-up
+	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR))" && \
+	  $(BIN)/python hack/tutorial.py
+
+clean: cluster-down
+	rm -rf $(VENV) .run .pytest_cache .ruff_cache

@@ -1,0 +1,181 @@
+"""A local cluster in the background, for people and scripts (``make cluster-up``/``-down``).
+
+``cluster_up`` starts a detached supervisor process (``python -m dra_gpu.testing serve``) that
+runs the control plane and the kubelet stand-in until it gets SIGTERM, and returns once the
+supervisor wrote ``env.sh``. A second ``cluster_up`` finds the live supervisor and reuses it.
+``cluster_down`` signals the supervisor, which stops the stand-in and then every control plane
+process it started; the control plane processes also die with the supervisor if it is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from dra_gpu import kube
+from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
+from dra_gpu.testing._kubelet import KubeletStandIn
+
+DEFAULT_NODES = ("node-01", "node-02", "node-03")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterEnv:
+    """What a shell or a script needs to use a running local cluster."""
+
+    kubeconfig: Path
+    kubelet_root: Path
+    bin_dir: Path
+
+    def exports(self) -> str:
+        return (
+            f"export KUBECONFIG={self.kubeconfig}\n"
+            f"export DRA_GPU_KUBELET_ROOT={self.kubelet_root}\n"
+            f'export PATH={self.bin_dir}:"$PATH"\n'
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> ClusterEnv:
+        values: dict[str, str] = {}
+        for line in text.splitlines():
+            key, _, value = line.removeprefix("export ").partition("=")
+            values[key] = value
+        return cls(
+            Path(values["KUBECONFIG"]),
+            Path(values["DRA_GPU_KUBELET_ROOT"]),
+            Path(values["PATH"].split(":", 1)[0]),
+        )
+
+
+def _alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def cluster_up(
+    state_dir: Path, bin_dir: Path, nodes: Sequence[str] = DEFAULT_NODES, timeout: float = 300
+) -> ClusterEnv:
+    state_dir = state_dir.resolve()
+    env_file, pid_file = state_dir / "env.sh", state_dir / "supervisor.pid"
+    if _alive(pid_file) and env_file.exists():
+        return ClusterEnv.parse(env_file.read_text())
+    shutil.rmtree(state_dir, ignore_errors=True)
+    state_dir.mkdir(parents=True)
+    log_file = state_dir / "supervisor.log"
+    with log_file.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dra_gpu.testing",
+                "serve",
+                "--state-dir",
+                str(state_dir),
+                "--bin-dir",
+                str(bin_dir),
+                "--nodes",
+                ",".join(nodes),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pid_file.write_text(str(proc.pid))
+    deadline = time.monotonic() + timeout
+    while not env_file.exists():
+        if proc.poll() is not None:
+            raise ControlPlaneError(
+                f"local cluster failed to start; see {log_file}:\n{log_file.read_text()[-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            cluster_down(state_dir)
+            raise ControlPlaneError(f"local cluster not ready after {timeout:.0f}s; see {log_file}")
+        time.sleep(0.3)
+    return ClusterEnv.parse(env_file.read_text())
+
+
+def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
+    """Stop the supervisor of ``state_dir``; True if one was running."""
+    pid = _alive(state_dir / "supervisor.pid")
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(state_dir / "supervisor.pid") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(state_dir / "supervisor.pid"):
+            # Its control plane children get SIGKILL with it (parent-death signal).
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return pid is not None
+
+
+def serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
+    """The supervisor: control plane and stand-in until SIGTERM or SIGINT."""
+    asyncio.run(_serve(state_dir, bin_dir, nodes))
+
+
+async def _serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    cp = ControlPlane(bin_dir, state_dir / "control-plane")
+    print(f"starting control plane from {bin_dir}", flush=True)
+    # Blocking on purpose: nothing else runs yet, and the processes must be forked from this
+    # (main) thread, whose exit is what their parent-death signal watches.
+    cp.start()
+    try:
+        print(f"control plane ready at {cp.server}", flush=True)
+        kubelet_root = state_dir / "kubelet"
+        async with (
+            await kube.Kube.connect(cp.kubeconfig) as api,
+            KubeletStandIn(api, nodes, kubelet_root),
+        ):
+            tmp = state_dir / "env.sh.tmp"
+            tmp.write_text(ClusterEnv(cp.kubeconfig, kubelet_root, cp.bin_dir).exports())
+            tmp.rename(state_dir / "env.sh")
+            print(f"nodes {', '.join(nodes)} ready", flush=True)
+            await stopping.wait()
+    finally:
+        cp.stop()
+        print("stopped", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from dra_gpu.testing._control_plane import default_bin_dir
+
+    parser = argparse.ArgumentParser(prog="python -m dra_gpu.testing")
+    parser.add_argument("command", choices=["up", "down", "serve"])
+    parser.add_argument("--state-dir", type=Path, default=Path(".run/cluster"))
+    parser.add_argument("--bin-dir", type=Path, default=None)
+    parser.add_argument("--nodes", default=",".join(DEFAULT_NODES))
+    args = parser.parse_args(argv)
+    bin_dir = (args.bin_dir or default_bin_dir()).resolve()
+    nodes = [n for n in args.nodes.split(",") if n]
+    if args.command == "serve":
+        serve(args.state_dir, bin_dir, nodes)
+    elif args.command == "up":
+        try:
+            env = cluster_up(args.state_dir, bin_dir, nodes)
+        except ControlPlaneError as exc:
+            print(f"cluster-up: {exc}", file=sys.stderr)
+            return 1
+        print(env.exports(), end="")
+    else:
+        print("stopped" if cluster_down(args.state_dir) else "no local cluster was running")
+    return 0

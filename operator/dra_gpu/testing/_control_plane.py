@@ -1,0 +1,468 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler, built from the upstream Go modules by ``hack/build-kubebins.sh``.
+
+The handle owns a temporary directory (PKI, tokens, kubeconfig, data, logs) and every process
+it starts. Processes are started from the calling thread with a parent-death signal, so they
+die with the test run even when it is killed; ``stop()`` terminates exactly those PIDs, in
+reverse start order. Nothing here listens on anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+DEFAULT_K8S_VERSION = "v1.34.4"
+SERVICE_CIDR = "10.0.0.0/24"
+FIRST_SERVICE_IP = "10.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built, started or reached."""
+
+
+def default_bin_dir(version: str = DEFAULT_K8S_VERSION) -> Path:
+    """Where ``hack/build-kubebins.sh`` caches the binaries of one Kubernetes version."""
+    if explicit := os.environ.get("DRA_GPU_BIN_DIR"):
+        return Path(explicit)
+    cache = Path(os.environ.get("DRA_GPU_CACHE", Path.home() / ".cache" / "dra-gpu"))
+    return cache / "bin" / os.environ.get("K8S_VERSION", version)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: SIGKILL it when the parent thread exits, so a
+    # killed test run or `make cluster-up` supervisor never leaves a control plane behind.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclasses.dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+
+    @classmethod
+    def pick(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port(), free_port(), free_port())
+
+
+class ControlPlane:
+    """Start with ``with ControlPlane() as cp:`` (or ``start()``/``stop()``).
+
+    ``cp.kubeconfig`` is an admin kubeconfig (static token in ``system:masters``);
+    ``cp.logs_dir`` holds one log file per component.
+    """
+
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        workdir: Path | None = None,
+        *,
+        ready_timeout: float = 120.0,
+    ) -> None:
+        self.bin_dir = bin_dir or default_bin_dir()
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="dra-gpu-cp-"))
+        self.ready_timeout = ready_timeout
+        self.ports = Ports.pick()
+        self.token = secrets.token_hex(16)
+        self._processes: list[_Process] = []
+
+    # ---- paths ---------------------------------------------------------------------------
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.workdir / "pki"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pki_dir / "ca.crt"
+
+    def binary(self, name: str) -> Path:
+        path = self.bin_dir / name
+        if not os.access(path, os.X_OK):
+            raise ControlPlaneError(
+                f"{path} is missing: build the control plane with hack/build-kubebins.sh "
+                f"(or `make kubebins`), or point DRA_GPU_BIN_DIR at a directory that has it"
+            )
+        return path
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            self.binary(name)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_pki()
+            self._write_kubeconfig()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controller_manager()
+            self._start_scheduler()
+            self.wait_for_service_account("default")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Terminate every process this handle started, newest first; remove an own workdir."""
+        for proc in reversed(self._processes):
+            _terminate(proc.popen)
+        self._processes.clear()
+        if self._own_workdir and not os.environ.get("DRA_GPU_KEEP_WORKDIR"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def stop_component(self, name: str) -> None:
+        """Stop one component (e.g. ``kube-apiserver``) to test how clients survive it."""
+        for proc in self._processes:
+            if proc.name == name:
+                _terminate(proc.popen)
+        self._processes = [p for p in self._processes if p.name != name]
+
+    def restart_apiserver(self) -> None:
+        self.stop_component("kube-apiserver")
+        self._start_apiserver()
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.popen.pid for p in self._processes if p.popen.poll() is None}
+
+    # ---- components ----------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> _Process:
+        log = self.logs_dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [str(self.binary(name)), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                preexec_fn=_die_with_parent,
+            )
+        proc = _Process(name, popen, log)
+        self._processes.append(proc)
+        return proc
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports.etcd_client}"
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        proc = self._spawn(
+            "etcd",
+            [
+                "--name=node0",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=node0={peer}",
+                "--unsafe-no-fsync",
+                "--auto-compaction-retention=1",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http(proc, f"{client}/health", lambda body: b'"health":"true"' in body)
+
+    def _start_apiserver(self) -> None:
+        pki = self.pki_dir
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.apiserver}",
+                # A loopback advertise address is only valid without the endpoint reconciler.
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={self.ca_file}",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--v=1",
+            ],
+        )
+        self._wait_http(proc, f"{self.server}/readyz", lambda body: body.strip() == b"ok")
+
+    def _start_controller_manager(self) -> None:
+        pki = self.pki_dir
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.controller_manager}",
+                f"--cert-dir={pki / 'kcm'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={self.ca_file}",
+                # All controllers, node lifecycle included: the kubelet stand-in renews leases,
+                # so nodes behave as real ones do (not-ready taint removed, loss detected).
+                "--controllers=*",
+                "--v=1",
+            ],
+        )
+        self._wait_http(
+            proc,
+            f"https://127.0.0.1:{self.ports.controller_manager}/healthz",
+            lambda body: body.strip() == b"ok",
+        )
+
+    def _start_scheduler(self) -> None:
+        config = self.workdir / "scheduler.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                f"--config={config}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.scheduler}",
+                f"--cert-dir={self.pki_dir / 'scheduler'}",
+                "--v=1",
+            ],
+        )
+        self._wait_http(
+            proc,
+            f"https://127.0.0.1:{self.ports.scheduler}/healthz",
+            lambda body: body.strip() == b"ok",
+        )
+
+    # ---- readiness -----------------------------------------------------------------------
+
+    def _wait_http(self, proc: _Process, url: str, ok: object) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise ControlPlaneError(
+                    f"{proc.name} exited with code {proc.popen.returncode} while starting; "
+                    f"last lines of {proc.log}:\n{_tail(proc.log)}"
+                )
+            try:
+                body = self._get(url)
+                if callable(ok) and ok(body):
+                    return
+                last = body.decode(errors="replace")[-300:]
+            except (OSError, urllib.error.URLError) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{proc.name} not ready at {url} after {self.ready_timeout:.0f}s ({last}); "
+            f"last lines of {proc.log}:\n{_tail(proc.log)}"
+        )
+
+    def _get(self, url: str) -> bytes:
+        ctx = None
+        headers = {}
+        if url.startswith("https://"):
+            ctx = ssl.create_default_context(cafile=str(self.ca_file))
+            if not url.startswith(self.server):
+                # Controller-manager and scheduler serve self-signed certificates.
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, headers=headers)
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+                return bytes(resp.read())
+        except urllib.error.HTTPError as exc:
+            return bytes(exc.read())
+
+    def api_get(self, path: str) -> dict[str, object]:
+        """GET an API path as admin and decode the JSON (small checks and waits)."""
+        body = self._get(f"{self.server}{path}")
+        result: dict[str, object] = json.loads(body)
+        return result
+
+    def wait_for_service_account(self, name: str, namespace: str = "default") -> None:
+        """Pods are rejected until the controller-manager created the namespace's SA."""
+        deadline = time.monotonic() + self.ready_timeout
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+        while time.monotonic() < deadline:
+            if self.api_get(path).get("kind") == "ServiceAccount":
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(f"ServiceAccount {namespace}/{name} did not appear")
+
+    # ---- credentials ---------------------------------------------------------------------
+
+    def _write_pki(self) -> None:
+        pki = self.pki_dir
+        pki.mkdir(parents=True, exist_ok=True)
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=pki, check=True, capture_output=True)
+
+        openssl("genrsa", "-out", "ca.key", "2048")
+        openssl(
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=dra-gpu-test-ca",
+            "-days",
+            "30",
+            "-out",
+            "ca.crt",
+        )
+        (pki / "apiserver.ext").write_text(
+            "subjectAltName=IP:127.0.0.1,IP:"
+            + FIRST_SERVICE_IP
+            + ",DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+            "extendedKeyUsage=serverAuth\n"
+        )
+        openssl("genrsa", "-out", "apiserver.key", "2048")
+        openssl(
+            "req",
+            "-new",
+            "-key",
+            "apiserver.key",
+            "-subj",
+            "/CN=kube-apiserver",
+            "-out",
+            "apiserver.csr",
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-extfile",
+            "apiserver.ext",
+            "-out",
+            "apiserver.crt",
+        )
+        openssl("genrsa", "-out", "sa.key", "2048")
+        openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        (pki / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
+
+    def _write_kubeconfig(self) -> None:
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "local",
+                            "cluster": {
+                                "server": self.server,
+                                "certificate-authority": str(self.ca_file),
+                            },
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": self.token}}],
+                    "contexts": [
+                        {"name": "local", "context": {"cluster": "local", "user": "admin"}}
+                    ],
+                    "current-context": "local",
+                },
+                indent=2,
+            )
+        )
+        self.kubeconfig.chmod(0o600)
+
+
+def _terminate(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    if popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"

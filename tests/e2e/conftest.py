@@ -1,0 +1,81 @@
+"""Fixtures for tests against the real control plane (``dra_gpu.testing``).
+
+One control plane and one kubelet stand-in (nodes node-01..03) per session; one namespace per
+test. A failed test prints the pods, claims, slices and events it saw, so a red CI run says why.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+from dra_gpu import kube
+from dra_gpu.testing import ControlPlane, KubeletStandIn, eventually
+from tests.e2e import helpers
+from tests.e2e.helpers import Kubectl
+
+NODES = ("node-01", "node-02", "node-03")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    # Logs stay under pytest's temp dir (the last runs are kept) for post-mortems.
+    with ControlPlane(workdir=tmp_path_factory.mktemp("control-plane")) as cp:
+        yield cp
+
+
+@pytest_asyncio.fixture(scope="session")
+async def api(control_plane: ControlPlane) -> AsyncIterator[kube.Kube]:
+    async with await kube.Kube.connect(control_plane.kubeconfig) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(scope="session")
+async def kubelet(
+    api: kube.Kube, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[KubeletStandIn]:
+    async with KubeletStandIn(api, NODES, tmp_path_factory.mktemp("kubelet")) as standin:
+        yield standin
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    return Kubectl(control_plane.binary("kubectl"), control_plane.kubeconfig)
+
+
+@pytest_asyncio.fixture
+async def namespace(
+    request: pytest.FixtureRequest, api: kube.Kube, kubectl: Kubectl
+) -> AsyncIterator[str]:
+    name = f"t-{secrets.token_hex(3)}"
+    await api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    # Pods are rejected until the controller-manager created the default ServiceAccount.
+    await eventually(
+        lambda: helpers.exists(api, f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        what=f"ServiceAccount {name}/default",
+    )
+    yield name
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(f"\n===== diagnostics for namespace {name} =====")
+        for args in (
+            ("get", "pods,resourceclaims,resourceclaimtemplates", "-n", name, "-o", "wide"),
+            ("get", "deviceclasses,resourceslices", "-o", "wide"),
+            ("get", "events", "-n", name, "--sort-by=.lastTimestamp"),
+            ("get", "resourceclaims", "-n", name, "-o", "yaml"),
+        ):
+            try:
+                print(f"$ kubectl {' '.join(args)}\n{await kubectl(*args)}")
+            except AssertionError as exc:
+                print(exc)
+    await api.delete(f"/api/v1/namespaces/{name}")

@@ -1,0 +1,19 @@
+"""dra_gpu.testing is an API other people build on: its surface changes only on purpose."""
+
+import dra_gpu.testing
+
+
+def test_testing_kit_exports_exactly_its_public_names() -> None:
+    public = {n for n in dir(dra_gpu.testing) if not n.startswith("_")}
+    assert set(dra_gpu.testing.__all__) == {
+        "ClusterEnv",
+        "ControlPlane",
+        "ControlPlaneError",
+        "KubeletStandIn",
+        "NodeSpec",
+        "cluster_down",
+        "cluster_up",
+        "default_bin_dir",
+        "eventually",
+    }
+    assert public == set(dra_gpu.testing.__all__)
