@@ -14,6 +14,9 @@ STAMP="k8s=$K8S_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION"
 HACK="$(cd "$(dirname "$0")" && pwd)"
 
 log() { echo "[kubebins $(date +%H:%M:%S)] $*" >&2; }
+# The committed wrapper modules (hack/kubebins, hack/etcd, hack/helm) pin the default versions
+# with their go.sum; any other version gets a module generated in the cache.
+committed_version() { grep -qE "^\s*(require )?$2 $3\b" "$1/go.mod" 2>/dev/null; }
 
 if [[ -f "$OUT/STAMP" && "$(cat "$OUT/STAMP")" == "$STAMP" ]]; then
   log "cached: $OUT ($STAMP)"
@@ -31,7 +34,7 @@ start=$(date +%s)
 
 # --- Kubernetes: a wrapper module whose replaces pin every staging module (§2).
 src="$CACHE_ROOT/src/kubebins-$K8S_VERSION"
-if [[ "$K8S_VERSION" == "$(sed -n 's#^\s*k8s.io/kubernetes \(v[0-9.]*\).*#\1#p' "$HACK/kubebins/go.mod" 2>/dev/null)" ]]; then
+if committed_version "$HACK/kubebins" k8s.io/kubernetes "$K8S_VERSION"; then
   log "using committed wrapper module hack/kubebins for $K8S_VERSION"
   src="$HACK/kubebins"
 else
@@ -67,31 +70,39 @@ log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (
 
 # --- etcd: a separate module so the two dependency graphs stay independent (§3).
 log "building etcd $ETCD_VERSION"
-esrc="$CACHE_ROOT/src/etcd-$ETCD_VERSION"
-rm -rf "$esrc"; mkdir -p "$esrc"; cp "$HACK/etcd/main.go" "$esrc/"
-(
-  cd "$esrc"
-  go mod init example.invalid/etcd >/dev/null 2>&1
-  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-  go mod tidy >&2
-  go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$OUT.tmp/etcd" .
-)
+if committed_version "$HACK/etcd" go.etcd.io/etcd/server/v3 "$ETCD_VERSION"; then
+  esrc="$HACK/etcd"
+else
+  esrc="$CACHE_ROOT/src/etcd-$ETCD_VERSION"
+  rm -rf "$esrc"; mkdir -p "$esrc"; cp "$HACK/etcd/main.go" "$esrc/"
+  (
+    cd "$esrc"
+    go mod init example.invalid/etcd >/dev/null 2>&1
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
+    go mod tidy >&2
+  )
+fi
+(cd "$esrc" && go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$OUT.tmp/etcd" .)
 
 # --- helm 3, stamped with its version and the Kubernetes version it assumes offline (§8).
 log "building helm $HELM_VERSION"
-hsrc="$CACHE_ROOT/src/helm-$HELM_VERSION"
-rm -rf "$hsrc"; mkdir -p "$hsrc"
 hld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
   hld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
 done
-(
-  cd "$hsrc"
-  go mod init example.invalid/helm >/dev/null 2>&1
-  go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
-  go mod tidy >&2
-  go build -trimpath -buildvcs=false -ldflags "$hld" -o "$OUT.tmp/helm" helm.sh/helm/v3/cmd/helm
-)
+if committed_version "$HACK/helm" helm.sh/helm/v3 "$HELM_VERSION"; then
+  hsrc="$HACK/helm"
+else
+  hsrc="$CACHE_ROOT/src/helm-$HELM_VERSION"
+  rm -rf "$hsrc"; mkdir -p "$hsrc"
+  (
+    cd "$hsrc"
+    go mod init example.invalid/helm >/dev/null 2>&1
+    go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+    go mod tidy >&2
+  )
+fi
+(cd "$hsrc" && go build -trimpath -buildvcs=false -ldflags "$hld" -o "$OUT.tmp/helm" helm.sh/helm/v3/cmd/helm)
 
 echo "$STAMP" > "$OUT.tmp/STAMP"
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"

@@ -56,12 +56,13 @@ class ClusterEnv:
 
 
 def _alive(pid_file: Path) -> int | None:
+    """The supervisor's PID if it runs (a zombie, killed but not yet reaped, does not)."""
     try:
         pid = int(pid_file.read_text())
-        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    return pid
+    return None if stat.rsplit(")", 1)[1].split()[0] == "Z" else pid
 
 
 def cluster_up(
