@@ -11,7 +11,7 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit e2e run cluster-up cluster-down clean
+.PHONY: help venv kubebins lint format test unit e2e run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
@@ -56,6 +56,10 @@ cluster-down: venv
 run: cluster-up
 	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR))" && \
 	  $(BIN)/python hack/tutorial.py
+
+protos: venv
+	$(BIN)/pip install --quiet -e '.[dev]'
+	hack/gen-protos.sh
 
 clean: cluster-down
 	rm -rf $(VENV) .run .pytest_cache .ruff_cache

@@ -84,7 +84,7 @@ def reset() -> None:
             and not kubectl_json("get", "resourceclaims")["items"]
         ),
     )
-    kubectl("delete", "events", "--all", "--field-selector", "involvedObject.kind=Pod", show=False)
+    kubectl("delete", "events", "--field-selector", "involvedObject.kind=Pod", show=False)
 
 
 def main() -> int:

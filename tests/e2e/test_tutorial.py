@@ -52,6 +52,10 @@ async def _event_with(api: kube.Kube, ns: str, reason: str, text: str) -> kube.B
     return None
 
 
+def _when(event: kube.Body) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime"))
+
+
 async def test_tutorial_steps_1_to_3_allocate_gpu_0_on_node_01(
     api: kube.Kube,
     kubectl: Kubectl,
@@ -134,12 +138,15 @@ async def test_tutorial_steps_1_to_3_allocate_gpu_0_on_node_01(
     pod = await eventually(bound, what="the pod bound to a node")
     assert pod["spec"]["nodeName"] == "node-01"
     assert pod["metadata"]["uid"] == pod_uid, "the pod was never touched, only retried"
-    await eventually(
+    scheduled = await eventually(
         lambda: _event_with(
             api, ns, "Scheduled", f"Successfully assigned {ns}/{pod_name} to node-01"
         ),
         what="Scheduled event",
     )
+    # The scheduler records through events.k8s.io: eventTime is set, lastTimestamp is not.
+    times = [_when(e) for e in (missing_class, no_devices, scheduled)]
+    assert times == sorted(times), times
 
     # The events in a row, read as the tutorial reads them.
     table = await kubectl(

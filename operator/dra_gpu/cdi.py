@@ -1,0 +1,254 @@
+"""CDI (Container Device Interface) names and the per-claim spec files the runtime reads.
+
+The kubelet hands our CDI device IDs to the container runtime unchanged and the runtime looks
+them up in the spec files we write, so the IDs in the gRPC response and the names in the spec
+must agree exactly. This module owns that agreement: each name is built by one function here,
+and both the spec writer and the prepare response call it.
+
+It owns one spec file per prepared claim, ``<vendor>-<class>_<claim UID>.json`` in the CDI
+directory (``/var/run/cdi``, a tmpfs: the checkpoint is what re-creates specs after a reboot).
+It knows nothing of Kubernetes objects, gRPC or GPU backends: callers say which environment each
+device gets. File functions block (fsync), so async callers run them in a thread.
+
+Names (vendor ``k8s.<driver>``, class ``gpu``)::
+
+    kind       k8s.gpu.example.com/gpu
+    device     <claim UID>-<device>                 unique per claim: runtimes cache specs
+    device ID  k8s.gpu.example.com/gpu=<claim UID>-<device>
+    file       k8s.gpu.example.com-gpu_<claim UID>.json
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, TypedDict, cast
+
+from dra_gpu import files
+
+CDI_CLASS: Final = "gpu"
+
+SPEC_SUFFIX: Final = ".json"
+
+# Spec versions we may write, lowest first. Our specs carry only per-device `env` edits, which
+# every version has had since 0.3.0. Device names start with the claim UID, and a name starting
+# with a digit is only valid from 0.5.0 on; a UID starts with a digit in 10 of 16 cases. We write
+# the lowest version the content needs because runtimes with an older CDI library reject newer
+# values.
+_CDI_VERSION_BASE: Final = "0.3.0"
+_CDI_VERSION_DIGIT_FIRST_NAME: Final = "0.5.0"
+
+# Name grammar from the CDI specification. Checking it here also keeps a claim UID from the
+# kubelet from ever naming a file outside the CDI directory ("/" and a leading "." fail).
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+class ContainerEdits(TypedDict):
+    env: list[str]
+    """``"KEY=value"`` strings."""
+
+
+class CdiDevice(TypedDict):
+    name: str
+    containerEdits: ContainerEdits
+
+
+class CdiSpec(TypedDict):
+    """A CDI spec file's content, as this driver writes it."""
+
+    cdiVersion: str
+    kind: str
+    devices: list[CdiDevice]
+
+
+class InvalidCdiName(ValueError):
+    """A name that the CDI grammar rejects; the runtime would refuse the whole spec."""
+
+
+# --- names --------------------------------------------------------------------------------------
+
+
+def cdi_vendor(driver: str) -> str:
+    """The CDI vendor of a DRA driver: ``k8s.<driver>``."""
+    vendor = f"k8s.{driver}"
+    if not _VENDOR_OR_CLASS.fullmatch(vendor):
+        raise InvalidCdiName(f"DRA driver name {driver!r} does not make a valid CDI vendor")
+    return vendor
+
+
+def cdi_kind(driver: str) -> str:
+    """The CDI kind of our specs: ``k8s.<driver>/gpu``."""
+    return f"{cdi_vendor(driver)}/{CDI_CLASS}"
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    """The CDI device name of one device of one claim: ``<claim UID>-<device>``.
+
+    The claim UID makes the name unique across claims: runtimes cache specs, and a reused name
+    could resolve to another claim's edits.
+    """
+    name = f"{_checked_claim_uid(claim_uid)}-{device}"
+    if not _DEVICE_NAME.fullmatch(name):
+        raise InvalidCdiName(
+            f"claim UID {claim_uid!r} and device {device!r} do not make a valid CDI device name"
+        )
+    return name
+
+
+def cdi_device_id(driver: str, claim_uid: str, device: str) -> str:
+    """The fully-qualified CDI device ID we return: ``k8s.<driver>/gpu=<claim UID>-<device>``."""
+    return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device)}"
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    """The spec file of one claim, by the CDI convention ``<vendor>-<class>_<id>.json``."""
+    return _spec_file_name(cdi_vendor(driver), claim_uid)
+
+
+def _spec_file_name(vendor: str, claim_uid: str) -> str:
+    return f"{vendor}-{CDI_CLASS}_{_checked_claim_uid(claim_uid)}{SPEC_SUFFIX}"
+
+
+def _checked_claim_uid(claim_uid: str) -> str:
+    # The UID names both the devices and the file, so it must be a CDI device name by itself:
+    # that also keeps "/" and ".." out of file names.
+    if not _DEVICE_NAME.fullmatch(claim_uid):
+        raise InvalidCdiName(f"claim UID {claim_uid!r} cannot be part of CDI names")
+    return claim_uid
+
+
+# --- environment conventions of the backends ----------------------------------------------------
+
+
+def nvml_device_env(uuid: str) -> dict[str, str]:
+    """Environment for a real NVIDIA GPU: ``NVIDIA_VISIBLE_DEVICES=<uuid>``.
+
+    Every device sets the same variable, so a container given two GPUs of one claim keeps only
+    one value; several GPUs per container need device nodes in the spec, not this variable.
+    """
+    return {"NVIDIA_VISIBLE_DEVICES": uuid}
+
+
+def simulated_device_env(index: int, device: str) -> dict[str, str]:
+    """Environment for a simulated GPU: ``GPU_DEVICE_<index>=<device>``.
+
+    One variable per device, so a container given several devices sees all of them; the
+    tutorial's workloads print these to show which GPU they got.
+    """
+    return {f"GPU_DEVICE_{index}": device}
+
+
+# --- spec content -------------------------------------------------------------------------------
+
+
+def claim_spec(
+    driver: str, claim_uid: str, devices: Sequence[tuple[str, Mapping[str, str]]]
+) -> CdiSpec:
+    """The CDI spec of one claim: one CDI device per ``(device, env)``, in the given order.
+
+    Raises ValueError for an empty device list (CDI requires at least one device), a device
+    listed twice, or an environment key that cannot be written as ``KEY=value``.
+    """
+    if not devices:
+        raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    cdi_devices: list[CdiDevice] = []
+    seen: set[str] = set()
+    for device, env in devices:
+        if device in seen:
+            raise ValueError(f"claim {claim_uid}: device {device!r} is listed twice")
+        seen.add(device)
+        for key in env:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(
+                    f"claim {claim_uid}, device {device!r}: {key!r} is not an environment name"
+                )
+        cdi_devices.append(
+            {
+                "name": cdi_device_name(claim_uid, device),
+                "containerEdits": {"env": [f"{key}={value}" for key, value in env.items()]},
+            }
+        )
+    return {
+        "cdiVersion": _lowest_cdi_version(cdi_devices),
+        "kind": cdi_kind(driver),
+        "devices": cdi_devices,
+    }
+
+
+def _lowest_cdi_version(devices: Sequence[CdiDevice]) -> str:
+    if any(device["name"][0].isdigit() for device in devices):
+        return _CDI_VERSION_DIGIT_FIRST_NAME
+    return _CDI_VERSION_BASE
+
+
+# --- spec files ---------------------------------------------------------------------------------
+
+
+def write_claim_spec(cdi_dir: Path, spec: CdiSpec, *, claim_uid: str) -> Path:
+    """Write the spec of claim ``claim_uid`` atomically into ``cdi_dir``; return its path.
+
+    The file name comes from the spec's kind and the claim UID. Every device of the spec must
+    be named after that claim, so a spec cannot be filed under another claim by mistake.
+    Creates ``cdi_dir`` if needed; rewriting a claim's spec replaces it whole.
+    """
+    vendor, _, cdi_class = spec["kind"].partition("/")
+    if cdi_class != CDI_CLASS or not _VENDOR_OR_CLASS.fullmatch(vendor):
+        raise ValueError(f"claim {claim_uid}: spec kind {spec['kind']!r} is not one of ours")
+    strangers = [d["name"] for d in spec["devices"] if not d["name"].startswith(f"{claim_uid}-")]
+    if strangers:
+        raise ValueError(f"claim {claim_uid}: spec devices {strangers} belong to another claim")
+    path = cdi_dir / _spec_file_name(vendor, claim_uid)
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    files.atomic_write(path, json.dumps(spec, indent=2).encode() + b"\n", mode=0o644)
+    return path
+
+
+def read_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> CdiSpec | None:
+    """The spec written for a claim, or None if there is none.
+
+    Raises ValueError if the file is not a JSON object (we write nothing else there).
+    """
+    path = cdi_dir / spec_file_name(driver, claim_uid)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        body: Any = json.loads(raw)
+    except ValueError as error:
+        raise ValueError(f"CDI spec {path} is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"CDI spec {path} is a JSON {type(body).__name__}, not an object")
+    return cast(CdiSpec, body)
+
+
+def delete_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> bool:
+    """Delete a claim's spec; True if there was one. Repeating it is harmless."""
+    return files.remove(cdi_dir / spec_file_name(driver, claim_uid))
+
+
+def list_claim_specs(cdi_dir: Path, driver: str) -> dict[str, Path]:
+    """The claim specs of ``driver`` in ``cdi_dir``, by claim UID (empty if the dir is missing).
+
+    For finding leaked specs and specs lost in a reboot. Other drivers' files, our temporary
+    files and anything else in the directory are ignored.
+    """
+    prefix = f"{cdi_vendor(driver)}-{CDI_CLASS}_"
+    try:
+        entries = sorted(cdi_dir.iterdir())
+    except FileNotFoundError:
+        return {}
+    found: dict[str, Path] = {}
+    for path in entries:
+        name = path.name
+        if not (name.startswith(prefix) and name.endswith(SPEC_SUFFIX)):
+            continue
+        claim_uid = name[len(prefix) : -len(SPEC_SUFFIX)]
+        # Driver names (DNS subdomains) contain no "_", so no other driver's file has this
+        # prefix; the grammar check drops names we would never have written.
+        if _DEVICE_NAME.fullmatch(claim_uid) and path.is_file():
+            found[claim_uid] = path
+    return found

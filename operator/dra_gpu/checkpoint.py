@@ -1,0 +1,339 @@
+"""Checkpoint of the claims this agent prepared on this node.
+
+Unprepare carries only a claim's namespace, name and UID, the ResourceClaim may be gone by then,
+and CDI specs live on a tmpfs that a reboot empties. So this file is how a restarted agent knows
+what it prepared: which devices, which CDI IDs it returned, and the spec content to write again.
+
+This module owns the record and its file format; it does not prepare anything, talk to the API
+or decide what to do with a corrupt file (``quarantine`` only moves one aside). The record
+types are immutable: ``with_claim`` / ``without_claim`` return new checkpoints, which the
+caller writes with ``write_checkpoint`` (atomic, mode 0600) before it answers the kubelet.
+
+File format (version ``v1``)::
+
+    {"version": "v1",
+     "checksum": "<sha256 hex of the canonical JSON of data>",
+     "data": {"claims": [{"uid": ..., "namespace": ..., "name": ...,
+                          "devices": [{"request_names": [...], "pool": ..., "device": ...,
+                                       "cdi_device_ids": [...]}],
+                          "cdi_spec": {<CDI spec>} or null}]}}
+
+Canonical JSON = keys sorted, no whitespace, ASCII only. The checksum catches a file that is
+complete JSON but not what we wrote (a torn write on a file system without atomic rename, a
+hand edit); a truncated file already fails to parse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, TypedDict, cast
+
+from dra_gpu import cdi, files
+
+CHECKPOINT_VERSION: Final = "v1"
+"""The version this agent writes."""
+
+SUPPORTED_VERSIONS: Final = ("v1",)
+"""The versions this agent reads. A new format adds its version here and keeps loading v1."""
+
+FILE_MODE: Final = 0o600
+"""Only the agent (root) reads it: it names every claim on the node."""
+
+
+class CorruptCheckpoint(ValueError):
+    """The checkpoint file cannot be trusted; ``reason`` says precisely why."""
+
+    def __init__(self, reason: str, path: Path | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        where = f"checkpoint {path}" if path is not None else "checkpoint"
+        super().__init__(f"{where} is corrupt: {reason}")
+
+
+# --- the record ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as returned to the kubelet."""
+
+    request_names: tuple[str, ...]
+    """Top-level request names this device serves (``"gpu"``, never ``"gpu/large"``)."""
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedClaim:
+    """A claim this agent prepared, with everything unprepare and a reboot need."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    cdi_spec: cdi.CdiSpec | None = None
+    """The CDI spec written for this claim, kept whole (treat as read-only). Writing it again
+    after a reboot makes the recorded ``cdi_device_ids`` resolve again, even if the driver's
+    configuration changed in between; None when no spec was needed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Every claim prepared on this node, by claim UID."""
+
+    claims: Mapping[str, PreparedClaim] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for uid, claim in self.claims.items():
+            if uid != claim.uid:
+                raise ValueError(f"claim {claim.uid} is filed under UID {uid}")
+        # A read-only view of a private copy: "immutable" must hold for the mapping too.
+        object.__setattr__(self, "claims", types.MappingProxyType(dict(self.claims)))
+
+    def with_claim(self, claim: PreparedClaim) -> Checkpoint:
+        """A checkpoint that also records ``claim`` (replacing an entry with its UID)."""
+        return Checkpoint({**self.claims, claim.uid: claim})
+
+    def without_claim(self, uid: str) -> Checkpoint:
+        """A checkpoint without claim ``uid``; the same content if it was not recorded."""
+        return Checkpoint({k: v for k, v in self.claims.items() if k != uid})
+
+
+# --- JSON bodies --------------------------------------------------------------------------------
+
+
+class DeviceRecord(TypedDict):
+    request_names: list[str]
+    pool: str
+    device: str
+    cdi_device_ids: list[str]
+
+
+class ClaimRecord(TypedDict):
+    uid: str
+    namespace: str
+    name: str
+    devices: list[DeviceRecord]
+    cdi_spec: cdi.CdiSpec | None
+
+
+class CheckpointData(TypedDict):
+    claims: list[ClaimRecord]
+
+
+class CheckpointFile(TypedDict):
+    version: str
+    checksum: str
+    data: CheckpointData
+
+
+def dump(checkpoint: Checkpoint) -> bytes:
+    """The file content for ``checkpoint``: versioned, checksummed, indented for people."""
+    data: CheckpointData = {
+        "claims": [_claim_record(checkpoint.claims[uid]) for uid in sorted(checkpoint.claims)]
+    }
+    document: CheckpointFile = {
+        "version": CHECKPOINT_VERSION,
+        "checksum": _checksum(data),
+        "data": data,
+    }
+    return json.dumps(document, indent=2).encode() + b"\n"
+
+
+def _claim_record(claim: PreparedClaim) -> ClaimRecord:
+    return {
+        "uid": claim.uid,
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "devices": [
+            {
+                "request_names": list(device.request_names),
+                "pool": device.pool,
+                "device": device.device,
+                "cdi_device_ids": list(device.cdi_device_ids),
+            }
+            for device in claim.devices
+        ],
+        "cdi_spec": claim.cdi_spec,
+    }
+
+
+def _checksum(data: object) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def load(data: bytes) -> Checkpoint:
+    """Parse a checkpoint file's content; CorruptCheckpoint says what is wrong with it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CorruptCheckpoint(f"not UTF-8 text (bad byte at offset {error.start})") from None
+    if not text.strip():
+        raise CorruptCheckpoint("the file is empty (truncated?)")
+    try:
+        document: Any = json.loads(text)
+    except ValueError as error:
+        raise CorruptCheckpoint(f"not valid JSON, truncated or damaged: {error}") from None
+    except RecursionError:
+        raise CorruptCheckpoint("not valid JSON: nested too deeply") from None
+    top = _object(document, "the top level")
+
+    # The version decides the meaning of everything else, so it is checked first.
+    if "version" not in top:
+        raise CorruptCheckpoint("missing key 'version'")
+    version = top["version"]
+    if version not in SUPPORTED_VERSIONS:
+        supported = ", ".join(repr(v) for v in SUPPORTED_VERSIONS)
+        raise CorruptCheckpoint(
+            f"unknown checkpoint version {version!r}; this agent reads {supported}"
+        )
+    missing = [key for key in ("checksum", "data") if key not in top]
+    if missing:
+        raise CorruptCheckpoint(f"missing key(s) {', '.join(repr(k) for k in missing)}")
+    recorded = _string(top["checksum"], "checksum")
+    body = _object(top["data"], "data")
+    try:
+        actual = _checksum(body)
+    except ValueError:  # NaN or Infinity: we never write those
+        raise CorruptCheckpoint("data holds a number JSON cannot represent") from None
+    if recorded != actual:
+        raise CorruptCheckpoint(f"checksum mismatch: file says {recorded}, data hashes to {actual}")
+    return _checkpoint(body)
+
+
+# --- validation of parsed JSON ------------------------------------------------------------------
+
+
+def _checkpoint(body: dict[str, Any]) -> Checkpoint:
+    claims: dict[str, PreparedClaim] = {}
+    for i, item in enumerate(_list(_key(body, "claims", "data"), "data.claims")):
+        claim = _claim(_object(item, f"data.claims[{i}]"), f"data.claims[{i}]")
+        if claim.uid in claims:
+            raise CorruptCheckpoint(f"data.claims[{i}]: claim UID {claim.uid} appears twice")
+        claims[claim.uid] = claim
+    return Checkpoint(claims)
+
+
+def _claim(record: dict[str, Any], where: str) -> PreparedClaim:
+    devices = _list(_key(record, "devices", where), f"{where}.devices")
+    spec = _key(record, "cdi_spec", where)
+    return PreparedClaim(
+        uid=_string(_key(record, "uid", where), f"{where}.uid"),
+        namespace=_string(_key(record, "namespace", where), f"{where}.namespace"),
+        name=_string(_key(record, "name", where), f"{where}.name"),
+        devices=tuple(
+            _device(_object(item, f"{where}.devices[{j}]"), f"{where}.devices[{j}]")
+            for j, item in enumerate(devices)
+        ),
+        cdi_spec=None if spec is None else _cdi_spec(spec, f"{where}.cdi_spec"),
+    )
+
+
+def _device(record: dict[str, Any], where: str) -> PreparedDevice:
+    return PreparedDevice(
+        request_names=_strings(_key(record, "request_names", where), f"{where}.request_names"),
+        pool=_string(_key(record, "pool", where), f"{where}.pool"),
+        device=_string(_key(record, "device", where), f"{where}.device"),
+        cdi_device_ids=_strings(_key(record, "cdi_device_ids", where), f"{where}.cdi_device_ids"),
+    )
+
+
+def _cdi_spec(value: object, where: str) -> cdi.CdiSpec:
+    # Checked as deep as we will use it: the agent writes it back verbatim after a reboot.
+    spec = _object(value, where)
+    _string(_key(spec, "cdiVersion", where), f"{where}.cdiVersion")
+    _string(_key(spec, "kind", where), f"{where}.kind")
+    for k, item in enumerate(_list(_key(spec, "devices", where), f"{where}.devices")):
+        device_where = f"{where}.devices[{k}]"
+        device = _object(item, device_where)
+        _string(_key(device, "name", device_where), f"{device_where}.name")
+        edits_where = f"{device_where}.containerEdits"
+        edits = _object(_key(device, "containerEdits", device_where), edits_where)
+        _strings(_key(edits, "env", edits_where), f"{edits_where}.env")
+    return cast(cdi.CdiSpec, spec)
+
+
+def _key(record: dict[str, Any], key: str, where: str) -> Any:
+    if key not in record:
+        raise CorruptCheckpoint(f"{where}: missing key {key!r}")
+    return record[key]
+
+
+def _type_error(where: str, expected: str, value: object) -> CorruptCheckpoint:
+    found = "null" if value is None else type(value).__name__
+    return CorruptCheckpoint(f"{where}: expected {expected}, found {found}")
+
+
+def _object(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _type_error(where, "an object", value)
+    return cast(dict[str, Any], value)
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _type_error(where, "a list", value)
+    return value
+
+
+def _string(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise _type_error(where, "a string", value)
+    return value
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    return tuple(_string(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where)))
+
+
+# --- the file -----------------------------------------------------------------------------------
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint stored at ``path``; an empty one if there is no file yet.
+
+    Raises CorruptCheckpoint (naming the path) for a file that cannot be trusted; the caller
+    decides whether to ``quarantine`` it.
+    """
+    try:
+        content = path.read_bytes()
+    except FileNotFoundError:
+        return Checkpoint()
+    try:
+        return load(content)
+    except CorruptCheckpoint as error:
+        raise CorruptCheckpoint(error.reason, path=path) from None
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Store ``checkpoint`` at ``path`` atomically (mode 0600), creating the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.atomic_write(path, dump(checkpoint), mode=FILE_MODE)
+
+
+def quarantine(path: Path, *, now: datetime.datetime | None = None) -> Path:
+    """Move a bad checkpoint aside to ``<name>.corrupt-<UTC timestamp>``; return the new path.
+
+    The file is kept for inspection, never deleted: an earlier quarantined file with the same
+    timestamp gets a numbered neighbour instead of being overwritten. ``now`` is for tests.
+    """
+    moment = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+    base = f"{path.name}.corrupt-{moment:%Y%m%dT%H%M%SZ}"
+    target = path.with_name(base)
+    attempt = 0
+    # Only this agent writes here (one per node), so checking before renaming cannot race.
+    while target.exists():
+        attempt += 1
+        target = path.with_name(f"{base}-{attempt}")
+    os.rename(path, target)
+    files.fsync_directory(path.parent)
+    return target

@@ -1,0 +1,338 @@
+"""The node agent's device inventory: what a backend found, in the shape the API can publish.
+
+Both backends (NVML and the simulated profile) produce these types, so everything above them
+(slices, prepare, health) is exercised in CI without a GPU. This module owns the API's naming
+and value rules for devices (DNS-label device names, qualified attribute and capacity names,
+quantities, semver versions, the 32-entry limit) and checks them when an object is built, so
+an inventory that exists is one the API server will accept. It does no I/O.
+
+Errors::
+
+    ValueError
+    └── InventoryError   an inventory, device or value that cannot be published as it is
+        └── ProfileError a simulated-inventory profile that cannot be used (names file and field)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Protocol
+
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+"""The standard attribute for a device's PCI address (a third-party name: it carries a domain)."""
+
+MAX_ATTRIBUTES_AND_CAPACITY = 32
+MAX_VALUE_LENGTH = 64
+_INT64 = (-(2**63), 2**63 - 1)
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
+    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?"
+)
+_QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
+_SUFFIXES: dict[str, Fraction] = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{f"{p}i": Fraction(1024 ** (i + 1)) for i, p in enumerate("KMGTPE")},
+}
+
+
+class InventoryError(ValueError):
+    """An inventory, device or value that cannot be published as it is."""
+
+
+class ProfileError(InventoryError):
+    """A simulated-inventory profile that cannot be used; the message names file and field."""
+
+
+# --- names ---------------------------------------------------------------------------------------
+
+
+def is_dns_label(name: str) -> bool:
+    return len(name) <= 63 and _DNS_LABEL.fullmatch(name) is not None
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
+def is_qualified_name(name: str) -> bool:
+    """An attribute or capacity key: ``memory`` or ``<DNS subdomain <= 63>/<C identifier>``."""
+    domain, slash, ident = name.rpartition("/")
+    if slash and not (len(domain) <= 63 and is_dns_subdomain(domain)):
+        return False
+    return len(ident) <= 32 and _C_IDENTIFIER.fullmatch(ident) is not None
+
+
+# --- quantities and versions ---------------------------------------------------------------------
+
+
+def parse_quantity(text: str) -> Fraction:
+    """The exact value of a Kubernetes quantity ("24Gi", "1.5G", "100m"); InventoryError if not."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise InventoryError(f"{text!r} is not a Kubernetes quantity (e.g. 24Gi)")
+    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:  # "1e3"; a lone "E" is exa
+        multiplier = Fraction(10) ** int(suffix[1:])
+    else:
+        multiplier = _SUFFIXES[suffix]
+    value = Fraction(number) * multiplier
+    return -value if sign == "-" else value
+
+
+def format_bytes(count: int) -> str:
+    """An exact quantity for a byte count, in the largest binary unit that divides it.
+
+    Exact so that ``compareTo(quantity("24Gi"))`` never rounds a device into or out of a
+    selector; in the unit Kubernetes itself would print, so a round trip changes nothing.
+    """
+    if count < 0:
+        raise InventoryError(f"a byte count cannot be negative: {count}")
+    for power, suffix in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+        unit = 1024**power
+        if count and count % unit == 0:
+            return f"{count // unit}{suffix}"
+    return str(count)
+
+
+def normalize_version(raw: str) -> str:
+    """A semver 2.0.0 string for a dotted version as drivers report it.
+
+    "535.104" -> "535.104.0", "550.54.05" -> "550.54.5" (semver forbids leading zeros),
+    "9.0" -> "9.0.0"; components beyond the third become build metadata, which semver
+    ignores when comparing ("31.0.15.3623" -> "31.0.15+3623").
+    """
+    text = raw.strip().removeprefix("v")
+    if _SEMVER.fullmatch(text):
+        return text
+    if not re.fullmatch(r"\d+(\.\d+)*", text):
+        raise InventoryError(
+            f"{raw!r} cannot be read as a version (expected numbers separated by dots, e.g. 12.4)"
+        )
+    parts = text.split(".")
+    core = [str(int(p)) for p in parts[:3]] + ["0"] * (3 - len(parts[:3]))
+    extra = parts[3:]
+    return ".".join(core) + ("+" + ".".join(extra) if extra else "")
+
+
+# --- attribute values ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class IntValue:
+    value: int
+
+    def __post_init__(self) -> None:
+        # bool is an int subclass in Python but a different attribute type in the API.
+        if isinstance(self.value, bool) or not isinstance(self.value, int):
+            raise InventoryError(f"{self.value!r} is not an integer")
+        if not _INT64[0] <= self.value <= _INT64[1]:
+            raise InventoryError(f"{self.value} does not fit in a 64-bit integer")
+
+    def to_api(self) -> dict[str, int]:
+        return {"int": self.value}
+
+
+@dataclasses.dataclass(frozen=True)
+class BoolValue:
+    value: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, bool):
+            raise InventoryError(f"{self.value!r} is not true or false")
+
+    def to_api(self) -> dict[str, bool]:
+        return {"bool": self.value}
+
+
+@dataclasses.dataclass(frozen=True)
+class StringValue:
+    value: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, str):
+            raise InventoryError(f"{self.value!r} is not a string")
+        if len(self.value) > MAX_VALUE_LENGTH:
+            raise InventoryError(f"{self.value!r} is longer than {MAX_VALUE_LENGTH} characters")
+
+    def to_api(self) -> dict[str, str]:
+        return {"string": self.value}
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionValue:
+    """A semver 2.0.0 version; build it from a driver's dotted string with ``normalize_version``."""
+
+    value: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, str) or not _SEMVER.fullmatch(self.value):
+            raise InventoryError(f"{self.value!r} is not a semantic version (e.g. 12.4.0)")
+        if len(self.value) > MAX_VALUE_LENGTH:
+            raise InventoryError(f"{self.value!r} is longer than {MAX_VALUE_LENGTH} characters")
+
+    def to_api(self) -> dict[str, str]:
+        return {"version": self.value}
+
+
+AttributeValue = IntValue | BoolValue | StringValue | VersionValue
+"""Exactly one of the API's DeviceAttribute value fields, chosen by the type."""
+
+
+# --- devices and inventories ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One allocatable device, checked against the API's rules when built.
+
+    ``attributes`` and ``capacity`` use bare names for the driver's own domain
+    (``memory`` is published as ``device.capacity["<driver>"].memory``).
+    """
+
+    name: str  # DNS label, stable across restarts: "gpu-0"
+    uuid: str
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, str]  # quantity strings: {"memory": "24Gi"}
+    healthy: bool = True
+
+    def __post_init__(self) -> None:
+        where = f"device {self.name!r}"
+        if not isinstance(self.name, str) or not is_dns_label(self.name):
+            raise InventoryError(f"{where}: the name must be a DNS label (e.g. gpu-0)")
+        if not self.uuid:
+            raise InventoryError(f"{where}: the uuid is empty")
+        for key, value in self.attributes.items():
+            if not is_qualified_name(key):
+                raise InventoryError(f"{where}: attribute {key!r}: {_BAD_NAME}")
+            if not isinstance(value, IntValue | BoolValue | StringValue | VersionValue):
+                raise InventoryError(f"{where}: attribute {key!r}: {value!r} is not a value type")
+        for key, quantity in self.capacity.items():
+            if not is_qualified_name(key):
+                raise InventoryError(f"{where}: capacity {key!r}: {_BAD_NAME}")
+            try:
+                if not isinstance(quantity, str):
+                    raise InventoryError(f"{quantity!r} is not a quantity string (e.g. 24Gi)")
+                parse_quantity(quantity)
+            except InventoryError as err:
+                raise InventoryError(f"{where}: capacity {key!r}: {err}") from None
+        total = len(self.attributes) + len(self.capacity)
+        if total > MAX_ATTRIBUTES_AND_CAPACITY:
+            raise InventoryError(
+                f"{where}: {total} attributes and capacities; "
+                f"the API allows at most {MAX_ATTRIBUTES_AND_CAPACITY} together"
+            )
+        # Freeze the maps too: a device shared between inventories must not change under them.
+        object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+        object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
+
+    @property
+    def index(self) -> int | None:
+        value = self.attributes.get("index")
+        return value.value if isinstance(value, IntValue) else None
+
+    @property
+    def memory(self) -> str | None:
+        return self.capacity.get("memory")
+
+    @property
+    def memory_bytes(self) -> int | None:
+        quantity = self.capacity.get("memory")
+        return None if quantity is None else int(parse_quantity(quantity))
+
+    @property
+    def product_name(self) -> str | None:
+        value = self.attributes.get("productName")
+        return value.value if isinstance(value, StringValue) else None
+
+
+_BAD_NAME = "not a C identifier of at most 32 characters, optionally prefixed by '<domain>/'"
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """The devices a backend found on one node. Device names are unique."""
+
+    node: str
+    devices: tuple[Device, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
+        seen: set[str] = set()
+        for device in self.devices:
+            if device.name in seen:
+                raise InventoryError(
+                    f"node {self.node!r}: device name {device.name!r} is used more than once"
+                )
+            seen.add(device.name)
+
+    def by_name(self) -> dict[str, Device]:
+        return {d.name: d for d in self.devices}
+
+
+class Backend(Protocol):
+    """Where an agent's devices come from. ``inventory`` never blocks the event loop."""
+
+    async def inventory(self) -> Inventory: ...
+
+    async def aclose(self) -> None: ...
+
+
+def gpu_device(
+    *,
+    index: int,
+    uuid: str,
+    memory: str,
+    product_name: str,
+    brand: str,
+    architecture: str,
+    cuda_compute_capability: str,
+    driver_version: str,
+    mig_capable: bool,
+    cuda_driver_version: str | None = None,
+    pci_bus_id: str | None = None,
+    name: str | None = None,
+    healthy: bool = True,
+) -> Device:
+    """A GPU with the attributes every backend publishes, so selectors work on either backend.
+
+    Versions are given as drivers report them and normalised to semver here.
+    """
+    attributes: dict[str, AttributeValue] = {
+        "index": IntValue(index),
+        "uuid": StringValue(uuid),
+        "productName": StringValue(product_name),
+        "brand": StringValue(brand),
+        "architecture": StringValue(architecture),
+        "cudaComputeCapability": VersionValue(normalize_version(cuda_compute_capability)),
+        "driverVersion": VersionValue(normalize_version(driver_version)),
+        "migCapable": BoolValue(mig_capable),
+    }
+    if cuda_driver_version is not None:
+        attributes["cudaDriverVersion"] = VersionValue(normalize_version(cuda_driver_version))
+    if pci_bus_id is not None:
+        attributes[PCI_BUS_ID_ATTRIBUTE] = StringValue(pci_bus_id)
+    return Device(
+        name=name if name is not None else f"gpu-{index}",
+        uuid=uuid,
+        attributes=attributes,
+        capacity={"memory": memory},
+        healthy=healthy,
+    )

@@ -1,0 +1,316 @@
+"""The simulated backend: GPUs described per node in a YAML profile, for clusters without GPUs.
+
+This module owns the profile format and its strict parsing: unknown keys, wrong types, bad
+quantities, duplicate keys or device names, and broken YAML all become a ``ProfileError`` that
+names the file and the field (``profile p.yaml: nodes.node-01.devices[1].memory: ...``). It never
+talks to Kubernetes. The format::
+
+    defaults:                 # optional; any device field except name, count, uuid, pciBusID
+      driverVersion: "550.54.15"
+    nodes:
+      node-01:
+        devices:
+        - name: gpu-0         # optional; default gpu-<index>, index = position on the node
+          memory: 24Gi        # required (here or in defaults): a Kubernetes quantity
+          productName: NVIDIA L4
+        - count: 4            # optional; that many identical devices, named gpu-<index>
+          memory: 80Gi
+      node-02: {}             # listed, no GPUs
+
+Device fields: name, count, uuid, pciBusID, memory, productName, brand, architecture,
+cudaComputeCapability, driverVersion, cudaDriverVersion (versions as quoted strings, e.g. "9.0";
+``cudaDriverVersion: null`` leaves it out), migCapable, healthy. UUIDs default to a value derived
+from node and device name, so a restarted agent publishes the same ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra_gpu.devices import model
+
+_UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.dra-gpu.io")
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+MAX_COUNT = 1024  # a typo like "count: 100000" should fail, not allocate a million objects
+
+_BUILTIN_DEFAULTS: dict[str, Any] = {
+    "productName": "Simulated GPU",
+    "brand": "Simulated",
+    "architecture": "Simulated",
+    "cudaComputeCapability": "9.0.0",
+    "driverVersion": "550.54.15",
+    "cudaDriverVersion": "12.4.0",
+    "migCapable": False,
+    "healthy": True,
+}
+_PER_DEVICE_ONLY = frozenset({"name", "count", "uuid", "pciBusID"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A parsed profile: the devices of every node it lists."""
+
+    source: str
+    nodes: Mapping[str, tuple[model.Device, ...]]
+
+    def inventory(self, node: str) -> model.Inventory:
+        """The node's devices; a node the profile does not list has none."""
+        return model.Inventory(node=node, devices=self.nodes.get(node, ()))
+
+
+class SimulatedBackend:
+    """Serves one node's devices from a profile.
+
+    Given a path, the file is parsed here (so a bad profile stops the agent at start) and read
+    again, off the event loop, on every ``inventory()``: editing the file is how tests and
+    demos add or remove GPUs. A file that turns bad later raises ``ProfileError`` from there.
+    """
+
+    def __init__(self, profile: Path | Profile, node: str) -> None:
+        self.node = node
+        self._path = profile if isinstance(profile, Path) else None
+        self._profile = load_profile(profile) if isinstance(profile, Path) else profile
+
+    @property
+    def node_in_profile(self) -> bool:
+        """Whether the profile lists this node at all (an unlisted node has zero devices)."""
+        return self.node in self._profile.nodes
+
+    async def inventory(self) -> model.Inventory:
+        if self._path is not None:
+            self._profile = await asyncio.to_thread(load_profile, self._path)
+        return self._profile.inventory(self.node)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def load_profile(path: Path) -> Profile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise model.ProfileError(f"profile {path}: cannot be read: {err}") from None
+    return parse_profile(text, source=str(path))
+
+
+def parse_profile(text: str, source: str = "<string>") -> Profile:
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain data only
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise model.ProfileError(f"profile {source}: {where}{err.problem or err}") from None
+    except yaml.YAMLError as err:
+        raise model.ProfileError(f"profile {source}: not valid YAML: {err}") from None
+    return _Parser(source).profile(data)
+
+
+class _Parser:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, path: str, message: str) -> model.ProfileError:
+        return model.ProfileError(f"profile {self.source}: {path}: {message}")
+
+    def mapping(self, value: object, path: str, known: Collection[str] | None) -> dict[Any, Any]:
+        """The mapping at ``path``; ``known`` lists its allowed keys, None allows any key."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.error(path, f"expected a mapping, got {_kind(value)}")
+        for key in value:
+            if known is not None and key not in known:
+                raise self.error(
+                    f"{path}.{key}" if path else str(key),
+                    f"unknown field (known: {', '.join(sorted(known))})",
+                )
+        return value
+
+    def profile(self, data: object) -> Profile:
+        if data is None:
+            raise self.error("nodes", "the profile is empty; it needs a 'nodes' mapping")
+        top = self.mapping(data, "", {"nodes", "defaults"})
+        if "nodes" not in top:
+            raise self.error("nodes", "required")
+        defaults = self.mapping(top.get("defaults"), "defaults", _FIELDS.keys() - _PER_DEVICE_ONLY)
+        parsed_defaults = {k: self.field(k, v, f"defaults.{k}") for k, v in defaults.items()}
+        nodes: dict[str, tuple[model.Device, ...]] = {}
+        for node, spec in self.mapping(top["nodes"], "nodes", None).items():
+            path = f"nodes.{node}"
+            if not isinstance(node, str) or not model.is_dns_subdomain(node):
+                raise self.error(path, "a node name must be a DNS subdomain (e.g. node-01)")
+            nodes[node] = self.node(node, spec, path, parsed_defaults)
+        return Profile(source=self.source, nodes=nodes)
+
+    def node(
+        self, node: str, spec: object, path: str, defaults: dict[str, Any]
+    ) -> tuple[model.Device, ...]:
+        entries = self.mapping(spec, path, {"devices"}).get("devices")
+        if entries is None:  # "devices:" with nothing after it, or no key: a node without GPUs
+            entries = []
+        if not isinstance(entries, list):
+            raise self.error(f"{path}.devices", f"expected a list, got {_kind(entries)}")
+        devices: list[model.Device] = []
+        first_use: dict[str, str] = {}
+        for i, entry in enumerate(entries):
+            entry_path = f"{path}.devices[{i}]"
+            fields = {
+                k: self.field(k, v, f"{entry_path}.{k}")
+                for k, v in self.mapping(entry, entry_path, _FIELDS.keys()).items()
+            }
+            count = fields.pop("count", 1)
+            clash = sorted(_PER_DEVICE_ONLY & fields.keys())
+            if count > 1 and clash:
+                raise self.error(
+                    f"{entry_path}.{clash[0]}",
+                    "cannot be combined with count > 1 (those devices are named gpu-<index>)",
+                )
+            if "memory" not in fields and "memory" not in defaults:
+                raise self.error(f"{entry_path}.memory", "required (here or in defaults)")
+            for _ in range(count):
+                device = self.device(node, len(devices), {**defaults, **fields}, entry_path)
+                if device.name in first_use:
+                    raise self.error(
+                        f"{entry_path}.name",
+                        f"{device.name!r} is already used by {first_use[device.name]}",
+                    )
+                first_use[device.name] = entry_path
+                devices.append(device)
+        return tuple(devices)
+
+    def device(self, node: str, index: int, fields: dict[str, Any], path: str) -> model.Device:
+        values = {**_BUILTIN_DEFAULTS, **fields}
+        name = values.get("name", f"gpu-{index}")
+        try:
+            return model.gpu_device(
+                index=index,
+                name=name,
+                uuid=values.get("uuid") or f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{name}')}",
+                memory=values["memory"],
+                product_name=values["productName"],
+                brand=values["brand"],
+                architecture=values["architecture"],
+                cuda_compute_capability=values["cudaComputeCapability"],
+                driver_version=values["driverVersion"],
+                cuda_driver_version=values["cudaDriverVersion"],
+                mig_capable=values["migCapable"],
+                pci_bus_id=values.get("pciBusID"),
+                healthy=values["healthy"],
+            )
+        except model.InventoryError as err:
+            raise self.error(path, str(err)) from None
+
+    def field(self, key: str, value: object, path: str) -> Any:
+        try:
+            return _FIELDS[key](value)
+        except model.InventoryError as err:
+            raise self.error(path, str(err)) from None
+
+
+# --- field converters: each returns the parsed value or raises InventoryError ---------------------
+
+
+def _kind(value: object) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names |= {list: "a list", dict: "a mapping", type(None): "nothing"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _string(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise model.InventoryError(f"expected a non-empty string, got {_kind(value)}")
+    model.StringValue(value)  # checks the API's length limit
+    return value
+
+
+def _name(value: object) -> str:
+    if not isinstance(value, str) or not model.is_dns_label(value):
+        raise model.InventoryError(f"{value!r} is not a DNS label (e.g. gpu-0)")
+    return value
+
+
+def _memory(value: object) -> str:
+    # A bare number of bytes is a valid quantity; YAML reads it as an int.
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise model.InventoryError(f"expected a quantity such as 24Gi, got {_kind(value)}")
+    if model.parse_quantity(value) <= 0:
+        raise model.InventoryError(f"{value!r} must be more than zero")
+    return value
+
+
+def _version(value: object) -> str:
+    if not isinstance(value, str):
+        # YAML reads 12.10 as the float 12.1: only a quoted string keeps every digit.
+        raise model.InventoryError(
+            f'expected a quoted version string such as "9.0", got {_kind(value)}'
+        )
+    return model.normalize_version(value)
+
+
+def _optional_version(value: object) -> str | None:
+    return None if value is None else _version(value)
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise model.InventoryError(f"expected true or false, got {_kind(value)}")
+    return value
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise model.InventoryError(f"expected a whole number from 1 to {MAX_COUNT}, got {value!r}")
+    return value
+
+
+def _pci_address(value: object) -> str:
+    if not isinstance(value, str) or not _PCI_ADDRESS.fullmatch(value):
+        raise model.InventoryError(f"{value!r} is not a PCI address like 0000:3b:00.0")
+    return value
+
+
+_FIELDS: dict[str, Callable[[object], Any]] = {
+    "name": _name,
+    "count": _count,
+    "uuid": _string,
+    "pciBusID": _pci_address,
+    "memory": _memory,
+    "productName": _string,
+    "brand": _string,
+    "architecture": _string,
+    "cudaComputeCapability": _version,
+    "driverVersion": _version,
+    "cudaDriverVersion": _optional_version,
+    "migCapable": _bool,
+    "healthy": _bool,
+}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which PyYAML would silently resolve to the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: list[object] = []
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.append(key)
+        return super().construct_mapping(node, deep=deep)

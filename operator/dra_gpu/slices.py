@@ -1,0 +1,200 @@
+"""Inventory -> ResourceSlice bodies for one node's pool, and the test for "did the pool change".
+
+Pure logic: no client, no clock, no files. The agent's publisher owns the API calls (and picks
+the generation); this module owns the shape of what it publishes, following the Go helper's
+rules: one pool per node, named after the node; at most 128 devices per slice; every slice of
+the pool carries the same generation and ``resourceSliceCount``; at least one slice even with no
+devices, because an empty pool says "this node has none" and a missing pool says "not known yet";
+an ownerReference to the Node, so deleting the Node garbage-collects its slices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from dra_gpu.devices import model
+
+API_VERSION = "resource.k8s.io/v1"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "dra-gpu"
+NODE_LABEL = "resource.dra-gpu.io/node"
+"""The node's name, or a shortened unique form if it is longer than a label value may be (63)."""
+MAX_DEVICES_PER_SLICE = 128
+
+SliceBody = dict[str, Any]
+
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def build_slices(
+    node_name: str,
+    node_uid: str,
+    driver: str,
+    devices: Sequence[model.Device],
+    generation: int,
+    *,
+    max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+) -> list[SliceBody]:
+    """The complete ResourceSlice bodies of ``node_name``'s pool at ``generation``.
+
+    Devices are published in a stable order (by index, then name), so the same inventory always
+    gives the same bodies. Unhealthy devices are left out: without the (alpha) device-taint
+    gate, leaving a device out is how a driver keeps the scheduler from handing it out.
+    """
+    if not model.is_dns_subdomain(driver) or len(driver) > 63:
+        raise ValueError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
+    if not model.is_dns_subdomain(node_name):
+        raise ValueError(f"node name {node_name!r} is not a DNS subdomain")
+    if not 1 <= max_devices_per_slice <= MAX_DEVICES_PER_SLICE:
+        raise ValueError(f"max_devices_per_slice must be 1..128, not {max_devices_per_slice}")
+    if generation < 0:
+        raise ValueError(f"generation must not be negative, not {generation}")
+    # The Inventory checks that device names are unique in the pool, as the API requires.
+    published = model.Inventory(node_name, tuple(d for d in devices if d.healthy)).devices
+    ordered = sorted(published, key=_device_order)
+    chunks = [
+        ordered[i : i + max_devices_per_slice]
+        for i in range(0, len(ordered), max_devices_per_slice)
+    ] or [[]]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node_name, driver, i),
+                "labels": {
+                    MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+                    NODE_LABEL: node_label_value(node_name),
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": node_name,
+                        "uid": node_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {
+                    "name": node_name,
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "devices": [device_body(d) for d in chunk],
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def device_body(device: model.Device) -> dict[str, Any]:
+    """A device as the API spells it; empty maps are left out, as the API server returns them."""
+    body: dict[str, Any] = {"name": device.name}
+    if device.attributes:
+        body["attributes"] = {k: device.attributes[k].to_api() for k in sorted(device.attributes)}
+    if device.capacity:
+        body["capacity"] = {k: {"value": device.capacity[k]} for k in sorted(device.capacity)}
+    return body
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    """``<node>-<driver, dots as dashes>-<index>``; shortened with a hash to stay <= 253."""
+    base = f"{node_name}-{driver.replace('.', '-')}"
+    suffix = f"-{index}"
+    if len(base) + len(suffix) <= 253:
+        return base + suffix
+    digest = hashlib.sha256(f"{node_name}/{driver}".encode()).hexdigest()[:10]
+    suffix = f"-{digest}-{index}"
+    return base[: 253 - len(suffix)].rstrip("-.") + suffix
+
+
+def node_label_value(node_name: str) -> str:
+    if len(node_name) <= 63 and _LABEL_VALUE.fullmatch(node_name):
+        return node_name
+    # Node names may be 253 long, label values only 63: keep a readable prefix, made unique.
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    return f"{node_name[:52].rstrip('-._')}-{digest}"
+
+
+def slices_differ(existing: Sequence[SliceBody], wanted: Sequence[SliceBody]) -> bool:
+    """Whether publishing ``wanted`` would change the pool that ``existing`` shows consumers.
+
+    Contract: ``existing`` are the slices the API holds for this driver and node (all of them,
+    as listed with ``spec.driver=<driver>,spec.nodeName=<node>``); ``wanted`` comes from
+    ``build_slices``. The answer is False only if both have the same number of slices, every
+    existing slice is at one and the same generation (a mix means an unfinished update), every
+    slice's spec apart from its devices and generation is the same (driver, node, pool name,
+    ``resourceSliceCount``), and the pool as a whole holds the same devices. Devices compare by
+    content with quantities by value ("1024Mi" equals "1Gi", as the API server may rewrite
+    them); which slice holds a device does not matter. Metadata (names, labels, owners) and
+    the generation number itself are ignored: they are the publisher's to reconcile. When this
+    returns True, the publisher writes ``wanted`` at a generation above every existing one.
+    """
+    if len(existing) != len(wanted) or not existing:
+        return True
+    if len({_generation(s) for s in existing}) != 1:
+        return True
+    return _pool_content(existing) != _pool_content(wanted)
+
+
+def _generation(body: SliceBody) -> object:
+    return ((body.get("spec") or {}).get("pool") or {}).get("generation")
+
+
+def _pool_content(bodies: Sequence[SliceBody]) -> tuple[list[str], list[str]]:
+    headers: set[str] = set()
+    devices: list[str] = []
+    for body in bodies:
+        spec = dict(body.get("spec") or {})
+        for device in spec.pop("devices", None) or []:
+            devices.append(_canonical(device, capacity=False))
+        spec["pool"] = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
+        headers.add(_canonical(spec, capacity=False))
+    return sorted(headers), sorted(devices)
+
+
+def _canonical(value: Any, *, capacity: bool) -> str:
+    return json.dumps(_normal(value, capacity=capacity), sort_keys=True)
+
+
+def _normal(value: Any, *, capacity: bool) -> Any:
+    """Drop empty and null fields; under ``capacity``, turn quantity values into exact numbers."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key == "value" and capacity and isinstance(item, str):
+                out[key] = _quantity_key(item)
+                continue
+            normal = _normal(item, capacity=capacity or key == "capacity")
+            if normal not in (None, {}, []):
+                out[key] = normal
+        return out
+    if isinstance(value, list):
+        return [_normal(item, capacity=capacity) for item in value]
+    return value
+
+
+def _quantity_key(text: str) -> str:
+    try:
+        value = model.parse_quantity(text)
+    except model.InventoryError:
+        return text  # not ours to judge here; compared as written
+    return f"quantity:{value.numerator}/{value.denominator}"
+
+
+def _device_order(device: model.Device) -> tuple[int, int, tuple[str | int, ...]]:
+    index = device.index
+    return (0 if index is not None else 1, index or 0, _natural(device.name))
+
+
+def _natural(name: str) -> tuple[str | int, ...]:
+    # "gpu-2" before "gpu-10". re.split alternates text and digits, so positions never mix types.
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", name)))

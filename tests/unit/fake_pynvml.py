@@ -1,0 +1,202 @@
+"""A stand-in for the parts of the pynvml module that NvmlBackend calls.
+
+Mirrors the real module (nvidia-ml-py): the same function names and parameters, the same
+error classes (``NVMLError(value)`` returns the subclass for that code, e.g.
+``NVMLError_NotSupported``, as pynvml's ``_extractNVMLErrorsAsClasses`` arranges), bytes for
+``busId`` as the ctypes struct gives it. ``test_nvml_backend`` checks the names and parameters
+against the installed pynvml. A ``FakeNvml`` instance is passed where the module would be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, ClassVar
+
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+
+NVML_BRAND_TESLA = 2
+NVML_BRAND_NVIDIA = 14
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_HOPPER = 9
+
+_MESSAGES = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+
+class NVMLError(Exception):
+    _valClassMapping: ClassVar[dict[int, type[NVMLError]]] = {}
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __str__(self) -> str:
+        return _MESSAGES.get(self.value, f"NVML Error with code {self.value}")
+
+
+def _error_class(name: str, code: int) -> type[NVMLError]:
+    def new(cls: type[NVMLError], *args: object) -> NVMLError:
+        return NVMLError.__new__(cls, code)
+
+    cls = type(name, (NVMLError,), {"__new__": new})
+    NVMLError._valClassMapping[code] = cls
+    return cls
+
+
+NVMLError_Uninitialized = _error_class("NVMLError_Uninitialized", NVML_ERROR_UNINITIALIZED)
+NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
+NVMLError_DriverNotLoaded = _error_class("NVMLError_DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
+NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+
+
+@dataclasses.dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    memory_total: int = 85520809984  # 81559 MiB, what an H100 80GB reports
+    brand: int = NVML_BRAND_NVIDIA
+    architecture: int = NVML_DEVICE_ARCH_HOPPER
+    compute_capability: tuple[int, int] = (9, 0)
+    bus_id: bytes = b"00000000:18:00.0"
+    mig_capable: bool = True
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Function name -> NVML error code that call raises for this GPU."""
+
+
+def two_h100s() -> list[FakeGpu]:
+    return [
+        FakeGpu(uuid="GPU-5f2a1c3e-0000-4000-8000-000000000000", bus_id=b"00000000:18:00.0"),
+        FakeGpu(uuid="GPU-5f2a1c3e-0001-4000-8000-000000000001", bus_id=b"00000000:2A:00.0"),
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Handle:
+    index: int
+
+
+@dataclasses.dataclass
+class _PciInfo:
+    busId: bytes  # the real ctypes struct's field name
+
+
+@dataclasses.dataclass
+class _Memory:
+    total: int
+    free: int
+    used: int
+
+
+class FakeNvml:
+    """Use like the pynvml module; records which thread made each call."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu] | None = None,
+        *,
+        driver_version: str = "550.54.15",
+        cuda_driver_version: int = 12040,
+        errors: dict[str, int] | None = None,
+    ) -> None:
+        self.gpus = two_h100s() if gpus is None else gpus
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.errors = dict(errors or {})  # system-level calls: name -> error code
+        self.initialised = 0  # like NVML, init and shutdown are reference counted
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.call_threads: list[tuple[str, int]] = []
+
+    def _enter(self, name: str, handle: _Handle | None = None) -> FakeGpu | None:
+        self.call_threads.append((name, threading.get_ident()))
+        code = self.errors.get(name)
+        if code is not None:
+            raise NVMLError(code)
+        if name != "nvmlInit" and not self.initialised:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        if handle is None:
+            return None
+        gpu = self.gpus[handle.index]
+        if name in gpu.errors:
+            raise NVMLError(gpu.errors[name])
+        return gpu
+
+    def _gpu(self, name: str, handle: _Handle) -> FakeGpu:
+        gpu = self._enter(name, handle)
+        assert gpu is not None
+        return gpu
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        self.init_calls += 1
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self.shutdown_calls += 1
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda_driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return _Handle(index)
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        return self._gpu("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        return self._gpu("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetBrand(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetBrand", handle).brand
+
+    def nvmlDeviceGetArchitecture(self, device: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetArchitecture", device).architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple[int, int]:
+        return self._gpu("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> _PciInfo:
+        return _PciInfo(busId=self._gpu("nvmlDeviceGetPciInfo", handle).bus_id)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> _Memory:
+        total = self._gpu("nvmlDeviceGetMemoryInfo", handle).memory_total
+        return _Memory(total=total, free=total, used=0)
+
+    def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
+        if not self._gpu("nvmlDeviceGetMigMode", device).mig_capable:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [0, 0]

@@ -1,0 +1,223 @@
+"""The checkpoint survives restarts intact, and a damaged one is refused with a precise reason."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_gpu import cdi, checkpoint
+from dra_gpu.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
+
+DRIVER = "gpu.example.com"
+UID = "6f1d3e0a-93c4-4c1e-a2b5-0d8c2f5e7a11"
+
+
+def prepared_claim(uid: str = UID, devices: tuple[str, ...] = ("gpu-0",)) -> PreparedClaim:
+    return PreparedClaim(
+        uid=uid,
+        namespace="default",
+        name=f"claim-{uid[:4]}",
+        devices=tuple(
+            PreparedDevice(
+                request_names=("gpu",),
+                pool="node-01",
+                device=device,
+                cdi_device_ids=(cdi.cdi_device_id(DRIVER, uid, device),),
+            )
+            for device in devices
+        ),
+        cdi_spec=cdi.claim_spec(
+            DRIVER, uid, [(d, cdi.simulated_device_env(i, d)) for i, d in enumerate(devices)]
+        ),
+    )
+
+
+def canonical_checksum(data: Any) -> str:
+    """The file format's checksum rule, restated: sha256 of sorted, compact, ASCII JSON."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rewrite(path: Path, edit: Any, *, fix_checksum: bool) -> None:
+    """Change the stored document, optionally re-signing it as a careless tool would."""
+    document = json.loads(path.read_bytes())
+    edit(document)
+    if fix_checksum:
+        document["checksum"] = canonical_checksum(document["data"])
+    path.write_text(json.dumps(document))
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> Path:
+    path = tmp_path / "checkpoint.json"
+    state = Checkpoint().with_claim(prepared_claim()).with_claim(prepared_claim("a2", ("gpu-1",)))
+    checkpoint.write_checkpoint(path, state)
+    return path
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "plugin" / "checkpoint.json"  # the directory is created on demand
+    state = (
+        Checkpoint()
+        .with_claim(prepared_claim(devices=("gpu-0", "gpu-1")))
+        .with_claim(PreparedClaim("u2", "team-a", "no-spec", devices=()))
+    )
+    checkpoint.write_checkpoint(path, state)
+    assert checkpoint.read_checkpoint(path) == state
+    assert checkpoint.load(checkpoint.dump(state)) == state
+
+
+def test_the_stored_spec_rewrites_the_same_cdi_file(tmp_path: Path) -> None:
+    # After a reboot /var/run/cdi is empty; the recorded spec makes the recorded IDs resolve.
+    claim = prepared_claim(devices=("gpu-0", "gpu-1"))
+    path = tmp_path / "checkpoint.json"
+    checkpoint.write_checkpoint(path, Checkpoint().with_claim(claim))
+    restored = checkpoint.read_checkpoint(path).claims[UID]
+    assert restored.cdi_spec is not None
+    spec_path = cdi.write_claim_spec(tmp_path / "cdi", restored.cdi_spec, claim_uid=UID)
+    names = {d["name"] for d in json.loads(spec_path.read_text())["devices"]}
+    for device in restored.devices:
+        for device_id in device.cdi_device_ids:
+            assert device_id.partition("=")[2] in names
+
+
+def test_missing_file_is_an_empty_checkpoint(tmp_path: Path) -> None:
+    assert checkpoint.read_checkpoint(tmp_path / "absent.json") == Checkpoint()
+
+
+def test_with_and_without_return_new_checkpoints() -> None:
+    empty = Checkpoint()
+    one = empty.with_claim(prepared_claim())
+    assert empty.claims == {}
+    assert set(one.claims) == {UID}
+    assert one.without_claim(UID) == empty
+    assert one.without_claim("never-prepared") == one
+    replaced = one.with_claim(prepared_claim(devices=("gpu-1",)))
+    assert [d.device for d in replaced.claims[UID].devices] == ["gpu-1"]
+    assert [d.device for d in one.claims[UID].devices] == ["gpu-0"]
+
+
+def test_claims_cannot_be_changed_in_place_or_misfiled() -> None:
+    state = Checkpoint().with_claim(prepared_claim())
+    with pytest.raises(TypeError):
+        state.claims["x"] = prepared_claim("x")  # type: ignore[index]
+    with pytest.raises(ValueError, match="filed under UID other"):
+        Checkpoint({"other": prepared_claim()})
+
+
+def test_dump_is_deterministic() -> None:
+    a, b = prepared_claim("a1"), prepared_claim("b2")
+    assert checkpoint.dump(Checkpoint({"a1": a, "b2": b})) == checkpoint.dump(
+        Checkpoint({"b2": b, "a1": a})
+    )
+
+
+def test_file_is_private_and_no_temp_files_are_left(stored: Path) -> None:
+    checkpoint.write_checkpoint(stored, Checkpoint())
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert [p.name for p in stored.parent.iterdir()] == [stored.name]
+
+
+def test_truncated_file_is_corrupt(stored: Path) -> None:
+    content = stored.read_bytes()
+    stored.write_bytes(content[: len(content) // 2])
+    with pytest.raises(CorruptCheckpoint, match="not valid JSON, truncated") as raised:
+        checkpoint.read_checkpoint(stored)
+    assert raised.value.path == stored
+    assert str(stored) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "empty"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[1, 2]", "the top level: expected an object, found list"),
+        (b'{"checksum": "x", "data": {}}', "missing key 'version'"),
+        (b'{"version": "v1"}', "missing key(s) 'checksum', 'data'"),
+        (b'{"version": "v1", "checksum": 7, "data": {}}', "checksum: expected a string"),
+    ],
+)
+def test_malformed_documents_say_what_is_wrong(content: bytes, reason: str) -> None:
+    with pytest.raises(CorruptCheckpoint) as raised:
+        checkpoint.load(content)
+    assert reason in raised.value.reason
+
+
+def test_bad_checksum_is_corrupt(stored: Path) -> None:
+    def rename_claim(document: Any) -> None:
+        document["data"]["claims"][0]["name"] = "someone-else"
+
+    rewrite(stored, rename_claim, fix_checksum=False)
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        checkpoint.read_checkpoint(stored)
+
+
+def test_unknown_version_is_rejected_naming_it(stored: Path) -> None:
+    def bump(document: Any) -> None:
+        document["version"] = "v9"
+
+    rewrite(stored, bump, fix_checksum=True)
+    with pytest.raises(CorruptCheckpoint) as raised:
+        checkpoint.read_checkpoint(stored)
+    assert raised.value.reason == "unknown checkpoint version 'v9'; this agent reads 'v1'"
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            lambda d: d["data"]["claims"][0]["devices"][0].update(pool=3),
+            "data.claims[0].devices[0].pool: expected a string, found int",
+        ),
+        (
+            lambda d: d["data"]["claims"][1].update(devices=None),
+            "data.claims[1].devices: expected a list, found null",
+        ),
+        (
+            lambda d: d["data"]["claims"][0]["devices"][0].pop("cdi_device_ids"),
+            "data.claims[0].devices[0]: missing key 'cdi_device_ids'",
+        ),
+        (
+            lambda d: d["data"]["claims"][0]["cdi_spec"]["devices"][0]["containerEdits"].update(
+                env=[1]
+            ),
+            "data.claims[0].cdi_spec.devices[0].containerEdits.env[0]: expected a string",
+        ),
+        (
+            lambda d: d["data"]["claims"].append(d["data"]["claims"][0]),
+            f"data.claims[2]: claim UID {UID} appears twice",
+        ),
+    ],
+    ids=["pool-int", "devices-null", "ids-missing", "env-int", "uid-twice"],
+)
+def test_wrong_field_types_are_named(stored: Path, edit: Any, reason: str) -> None:
+    # Re-signed, so only the field check can catch it: a bug or a hand edit, not a torn write.
+    rewrite(stored, edit, fix_checksum=True)
+    with pytest.raises(CorruptCheckpoint) as raised:
+        checkpoint.read_checkpoint(stored)
+    assert reason in raised.value.reason
+
+
+def test_quarantine_keeps_the_bad_file(stored: Path) -> None:
+    stored.write_bytes(b'{"version": "v1", "chec')
+    now = datetime.datetime(2026, 3, 1, 12, 30, 5, tzinfo=datetime.UTC)
+
+    first = checkpoint.quarantine(stored, now=now)
+    assert first.name == "checkpoint.json.corrupt-20260301T123005Z"
+    assert first.read_bytes() == b'{"version": "v1", "chec'
+    assert not stored.exists()
+    assert checkpoint.read_checkpoint(stored) == Checkpoint()
+
+    # A second bad file in the same second must not overwrite the first one.
+    stored.write_bytes(b"second")
+    second = checkpoint.quarantine(stored, now=now)
+    assert second.name == "checkpoint.json.corrupt-20260301T123005Z-1"
+    assert first.read_bytes() == b'{"version": "v1", "chec'
+    assert second.read_bytes() == b"second"

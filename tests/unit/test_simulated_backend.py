@@ -1,0 +1,259 @@
+"""The simulated backend serves a YAML profile and rejects bad ones, naming file and field."""
+
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from dra_gpu.devices import model, simulated
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "crds-examples"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "profile.yaml"
+    path.write_text(dedent(text))
+    return path
+
+
+def _profile_error(tmp_path: Path, text: str) -> str:
+    path = _write(tmp_path, text)
+    with pytest.raises(model.ProfileError) as err:
+        simulated.load_profile(path)
+    return str(err.value)
+
+
+async def test_tutorial_profile_gives_gpu_0_24gi_and_gpu_1_8gi_on_node_01() -> None:
+    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node="node-01")
+    inventory = await backend.inventory()
+    assert inventory.node == "node-01"
+    assert [(d.name, d.memory, d.index) for d in inventory.devices] == [
+        ("gpu-0", "24Gi", 0),
+        ("gpu-1", "8Gi", 1),
+    ]
+    assert all(d.healthy for d in inventory.devices)
+
+
+@pytest.mark.parametrize("node", ["node-02", "node-03"])
+async def test_tutorial_nodes_without_gpus_are_listed_with_no_devices(node: str) -> None:
+    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node=node)
+    assert backend.node_in_profile
+    assert (await backend.inventory()).devices == ()
+
+
+async def test_node_absent_from_the_profile_has_no_devices_and_says_so() -> None:
+    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node="node-99")
+    assert not backend.node_in_profile
+    assert (await backend.inventory()) == model.Inventory("node-99", ())
+
+
+def test_large_profile_has_20_nodes_of_8_gpus_of_mixed_sizes() -> None:
+    profile = simulated.load_profile(EXAMPLES / "profile-large.yaml")
+    assert sorted(profile.nodes) == [f"node-{i:02d}" for i in range(1, 21)]
+    assert {len(devices) for devices in profile.nodes.values()} == {8}
+    assert [d.name for d in profile.nodes["node-20"]] == [f"gpu-{i}" for i in range(8)]
+    sizes = {d.memory for devices in profile.nodes.values() for d in devices}
+    assert sizes == {"80Gi", "24Gi", "40Gi", "16Gi"}
+    uuids = [d.uuid for devices in profile.nodes.values() for d in devices]
+    assert len(set(uuids)) == 160
+
+
+def test_count_makes_identical_devices_named_by_their_index_on_the_node() -> None:
+    profile = simulated.parse_profile(
+        dedent("""
+        nodes:
+          big:
+            devices:
+            - name: first
+              memory: 8Gi
+            - count: 200
+              memory: 16Gi
+        """)
+    )
+    devices = profile.nodes["big"]
+    assert len(devices) == 201
+    assert (devices[0].name, devices[0].index) == ("first", 0)
+    assert (devices[1].name, devices[1].index, devices[1].memory) == ("gpu-1", 1, "16Gi")
+    assert devices[-1].name == "gpu-200"
+
+
+def test_uuids_are_the_same_after_a_restart_and_differ_between_nodes(tmp_path: Path) -> None:
+    path = _write(tmp_path, "nodes: {a: {devices: [{memory: 1Gi}]}, b: {devices: [{memory: 1Gi}]}}")
+    first, again = simulated.load_profile(path), simulated.load_profile(path)
+    assert first.nodes["a"][0].uuid == again.nodes["a"][0].uuid
+    assert first.nodes["a"][0].uuid != first.nodes["b"][0].uuid
+    assert first.nodes["a"][0].uuid.startswith("GPU-")
+
+
+def test_defaults_apply_to_every_device_and_a_device_field_wins() -> None:
+    profile = simulated.parse_profile(
+        dedent("""
+        defaults:
+          memory: 24Gi
+          productName: NVIDIA L4
+          driverVersion: "535.104"
+        nodes:
+          n:
+            devices:
+            - {}
+            - memory: 8Gi
+              productName: Other
+              uuid: GPU-fixed
+              pciBusID: 0000:3b:00.0
+              healthy: false
+              cudaDriverVersion: null
+        """)
+    )
+    first, second = profile.nodes["n"]
+    assert (first.memory, first.product_name) == ("24Gi", "NVIDIA L4")
+    assert first.attributes["driverVersion"] == model.VersionValue("535.104.0")
+    assert (second.memory, second.product_name, second.uuid) == ("8Gi", "Other", "GPU-fixed")
+    assert second.attributes["resource.kubernetes.io/pciBusID"] == model.StringValue("0000:3b:00.0")
+    assert not second.healthy
+    assert "cudaDriverVersion" not in second.attributes
+    assert "cudaDriverVersion" in first.attributes
+
+
+def test_bad_quantity_names_the_file_node_device_index_and_field(tmp_path: Path) -> None:
+    message = _profile_error(
+        tmp_path,
+        """
+        nodes:
+          node-01:
+            devices:
+            - name: gpu-0
+              memory: 24Gi
+            - name: gpu-1
+              memory: 24GB
+        """,
+    )
+    assert message == (
+        f"profile {tmp_path / 'profile.yaml'}: nodes.node-01.devices[1].memory: "
+        "'24GB' is not a Kubernetes quantity (e.g. 24Gi)"
+    )
+
+
+def test_unknown_profile_key_is_rejected_naming_the_field(tmp_path: Path) -> None:
+    message = _profile_error(tmp_path, "nodes: {n: {devices: [{memory: 1Gi, memroy: 2Gi}]}}")
+    assert "nodes.n.devices[0].memroy: unknown field (known: " in message
+    assert _profile_error(tmp_path, "nodes: {}\nnode: {}").endswith(
+        "node: unknown field (known: defaults, nodes)"
+    )
+    assert "nodes.n.gpus: unknown field (known: devices)" in _profile_error(
+        tmp_path, "nodes: {n: {gpus: []}}"
+    )
+    assert "defaults.name: unknown field" in _profile_error(
+        tmp_path, "defaults: {name: x}\nnodes: {}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("nodes: []", "nodes: expected a mapping, got a list"),
+        ("nodes: {n: {devices: {}}}", "nodes.n.devices: expected a list, got a mapping"),
+        ("nodes: {n: {devices: [{memory: 1Gi, migCapable: 1}]}}", "migCapable: expected true"),
+        ("nodes: {n: {devices: [{memory: true}]}}", "memory: expected a quantity such as 24Gi"),
+        ("nodes: {n: {devices: [{memory: 0}]}}", "memory: '0' must be more than zero"),
+        ("nodes: {n: {devices: [{memory: 1Gi, count: 0}]}}", "count: expected a whole number"),
+        ("nodes: {n: {devices: [{memory: 1Gi, name: GPU-0}]}}", "name: 'GPU-0' is not a DNS"),
+        ("nodes: {n: {devices: [{memory: 1Gi, productName: ''}]}}", "productName: expected a"),
+        ("nodes: {n: {devices: [{memory: 1Gi, pciBusID: x}]}}", "pciBusID: 'x' is not a PCI"),
+        ("nodes: {n: {devices: [{}]}}", "devices[0].memory: required (here or in defaults)"),
+        ("nodes: {N_1: {}}", "nodes.N_1: a node name must be a DNS subdomain"),
+        ("nodes: {n: {devices: [7]}}", "nodes.n.devices[0]: expected a mapping, got a number"),
+        ("nodes: {n: {devices: [{count: 2, name: a, memory: 1Gi}]}}", "name: cannot be combined"),
+        ("{}", "nodes: required"),
+        ("", "nodes: the profile is empty"),
+    ],
+)
+def test_wrong_shapes_and_types_are_rejected_naming_the_field(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    assert expected in _profile_error(tmp_path, text)
+
+
+def test_unquoted_version_is_rejected_with_a_hint_to_quote_it(tmp_path: Path) -> None:
+    message = _profile_error(
+        tmp_path, "nodes: {n: {devices: [{memory: 1Gi, driverVersion: 12.10}]}}"
+    )
+    assert 'driverVersion: expected a quoted version string such as "9.0", got a number' in message
+
+
+def test_duplicate_device_names_are_rejected_naming_both_entries(tmp_path: Path) -> None:
+    message = _profile_error(
+        tmp_path,
+        """
+        nodes:
+          n:
+            devices:
+            - count: 2
+              memory: 1Gi
+            - name: gpu-1
+              memory: 1Gi
+        """,
+    )
+    assert message.endswith(
+        "nodes.n.devices[1].name: 'gpu-1' is already used by nodes.n.devices[0]"
+    )
+
+
+def test_duplicate_yaml_keys_are_rejected_with_their_position(tmp_path: Path) -> None:
+    message = _profile_error(
+        tmp_path,
+        """\
+        nodes:
+          node-01: {}
+          node-01: {}
+        """,
+    )
+    assert (
+        message == f"profile {tmp_path / 'profile.yaml'}: line 3, column 3: duplicate key 'node-01'"
+    )
+
+
+def test_broken_yaml_is_a_profile_error_with_its_position(tmp_path: Path) -> None:
+    message = _profile_error(tmp_path, "nodes:\n  n: {devices: [\n")
+    assert message.startswith(f"profile {tmp_path / 'profile.yaml'}: line 3, column 1: ")
+
+
+def test_yaml_anchors_and_merge_keys_still_work() -> None:
+    profile = simulated.parse_profile(
+        dedent("""
+        nodes:
+          a:
+            devices: &gpus
+            - &big {memory: 80Gi, productName: Big}
+          b:
+            devices: *gpus
+          c:
+            devices:
+            - <<: *big
+              memory: 40Gi
+        """)
+    )
+    assert [d.memory for n in "abc" for d in profile.nodes[n]] == ["80Gi", "80Gi", "40Gi"]
+    assert profile.nodes["c"][0].product_name == "Big"
+
+
+def test_a_missing_file_is_a_profile_error(tmp_path: Path) -> None:
+    with pytest.raises(model.ProfileError, match="cannot be read"):
+        simulated.SimulatedBackend(tmp_path / "absent.yaml", node="n")
+
+
+async def test_editing_the_profile_changes_the_next_inventory(tmp_path: Path) -> None:
+    path = _write(tmp_path, "nodes: {n: {devices: [{count: 2, memory: 8Gi}]}}")
+    backend = simulated.SimulatedBackend(path, node="n")
+    assert len((await backend.inventory()).devices) == 2
+    path.write_text("nodes: {n: {devices: [{count: 3, memory: 8Gi}]}}")
+    assert len((await backend.inventory()).devices) == 3
+    path.write_text("nodes: {n: {devices: [{count: 3, memory: 8GB}]}}")
+    with pytest.raises(model.ProfileError, match="memory"):
+        await backend.inventory()
+    await backend.aclose()
+
+
+async def test_a_parsed_profile_can_be_served_directly() -> None:
+    profile = simulated.parse_profile("nodes: {n: {devices: [{memory: 8Gi}]}}", source="inline")
+    backend = simulated.SimulatedBackend(profile, node="n")
+    assert [d.name for d in (await backend.inventory()).devices] == ["gpu-0"]
