@@ -1,0 +1,201 @@
+"""The node agent's lifecycle: start in a deliberate order, run until told to stop.
+
+1. Inventory backend, API client, checkpoint (a corrupt one is moved aside, reported as an
+   Event on the Node, and rebuilt from the API server and the CDI directory), CDI directory
+   repaired from the checkpoint.
+2. gRPC servers: DRA socket, then registration socket (the kubelet dials as soon as it sees it).
+3. Long-lived tasks in one TaskGroup: slice publisher, status writer, health and metrics
+   listeners, and a watch on the registration status. A crash in one stops the agent instead
+   of leaving it half alive; Kubernetes restarts it and the checkpoint carries the state.
+
+On stop the registration socket goes first, the slices stay published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NoReturn
+
+from dra_gpu import cdi, checkpoint, events, httpserver, kube, metrics
+from dra_gpu.agent import claims, server
+from dra_gpu.agent.publisher import SlicePublisher
+from dra_gpu.agent.state import DeviceState
+from dra_gpu.agent.status import StatusWriter
+from dra_gpu.config import AgentSettings
+from dra_gpu.devices import model
+
+log = logging.getLogger(__name__)
+COMPONENT = "dra-gpu-agent"
+
+
+class _Stop(Exception):
+    """Raised inside the task group to end it on request."""
+
+
+def make_backend(settings: AgentSettings) -> model.Backend:
+    if settings.backend == "nvml":
+        from dra_gpu.devices.nvml import NvmlBackend
+
+        return NvmlBackend(settings.node_name)
+    from dra_gpu.devices.simulated import SimulatedBackend
+
+    assert settings.profile is not None  # checked by AgentSettings
+    backend = SimulatedBackend(settings.profile, settings.node_name)
+    if not backend.node_in_profile:
+        log.warning("node %s is not in profile %s: publishing no devices",
+                    settings.node_name, settings.profile)  # fmt: skip
+    return backend
+
+
+async def run_agent(settings: AgentSettings, stopping: asyncio.Event) -> None:
+    backend = make_backend(settings)
+    try:
+        async with await kube.Kube.connect(settings.kubeconfig) as api:
+            await _run(settings, api, backend, stopping)
+    finally:
+        await backend.aclose()
+
+
+async def _run(
+    settings: AgentSettings, api: kube.Kube, backend: model.Backend, stopping: asyncio.Event
+) -> None:
+    publisher = SlicePublisher(
+        api, backend, driver=settings.driver_name, node=settings.node_name,
+        resync_seconds=settings.resync_seconds,
+    )  # fmt: skip
+    status_writer = StatusWriter(api, settings.node_name)
+    state = DeviceState(
+        api=api,
+        driver=settings.driver_name,
+        node=settings.node_name,
+        backend_kind=settings.backend,
+        cdi_dir=settings.cdi_dir,
+        checkpoint_file=settings.checkpoint_file,
+        inventory=publisher.inventory,
+        status=status_writer,
+    )
+    state.load(await load_checkpoint(settings, api))
+    for line in await state.recover():
+        log.info("recovery: %s", line)
+    registration = server.RegistrationStatus()
+
+    async def healthz() -> tuple[bool, str]:
+        if registration.registered is False:
+            return False, f"the kubelet refused the registration: {registration.error}"
+        if not await server.answers(settings.registration_socket, settings.dra_socket):
+            return False, "the gRPC servers do not answer"
+        return True, "ok"
+
+    async def readyz() -> tuple[bool, str]:
+        if publisher.published_generation is None:
+            return False, "slices not published yet"
+        return await healthz()
+
+    async with (
+        server.serve(
+            state,
+            driver=settings.driver_name,
+            dra_socket=settings.dra_socket,
+            registration_socket=settings.registration_socket,
+            status=registration,
+        ),
+        httpserver.serving(
+            settings.bind_address,
+            settings.metrics_port,
+            settings.health_port,
+            healthz=healthz,
+            readyz=readyz,
+        ),  # fmt: skip
+    ):
+        log.info("serving %s on node %s: %s", settings.driver_name, settings.node_name,
+                 settings.dra_socket)  # fmt: skip
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(publisher.run_forever(), name="slice-publisher")
+                tasks.create_task(status_writer.run_forever(), name="status-writer")
+                tasks.create_task(_watch_registration(registration, publisher),
+                                  name="registration")  # fmt: skip
+                tasks.create_task(_stop_on(stopping), name="stop")
+        except* _Stop:
+            log.info("stopping; slices stay published")
+
+
+async def _stop_on(stopping: asyncio.Event) -> NoReturn:
+    await stopping.wait()
+    raise _Stop
+
+
+async def _watch_registration(
+    status: server.RegistrationStatus, publisher: SlicePublisher
+) -> NoReturn:
+    while True:
+        await status.changed.wait()
+        status.changed.clear()
+        if status.registered is False:
+            # As the Go helper does: a refused plugin cannot serve; let Kubernetes restart it.
+            raise RuntimeError(f"the kubelet refused the registration: {status.error}")
+        # A (re)registration follows a kubelet start, which wipes the node's slices.
+        publisher.trigger()
+
+
+async def load_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint.Checkpoint:
+    path = settings.checkpoint_file
+    try:
+        return await asyncio.to_thread(checkpoint.read_checkpoint, path)
+    except checkpoint.CorruptCheckpoint as exc:
+        moved = await asyncio.to_thread(checkpoint.quarantine, path)
+        metrics.CHECKPOINT_CORRUPTIONS.inc()
+        rebuilt = await rebuild_checkpoint(settings, api)
+        await asyncio.to_thread(checkpoint.write_checkpoint, path, rebuilt)
+        message = (
+            f"{exc}; moved it to {moved.name} and rebuilt {len(rebuilt.claims)} prepared "
+            f"claim(s) from the API server and {settings.cdi_dir}"
+        )
+        log.error("%s", message)
+        try:
+            node = events.object_ref(await api.get(f"/api/v1/nodes/{settings.node_name}"))
+        except Exception:  # the log line above already says it; the event is best effort
+            node = {"apiVersion": "v1", "kind": "Node", "name": settings.node_name}
+        await events.post(api, node, type_="Warning", reason="CheckpointCorrupt", message=message,
+                          component=COMPONENT, host=settings.node_name)  # fmt: skip
+        return rebuilt
+
+
+async def rebuild_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint.Checkpoint:
+    """Prepared claims as far as the CDI directory and the API server can tell: a spec of ours
+    whose claim still exists, allocated from this node's pool, was prepared by us."""
+    driver, node = settings.driver_name, settings.node_name
+    specs = await asyncio.to_thread(cdi.list_claim_specs, settings.cdi_dir, driver)
+    if not specs:
+        return checkpoint.Checkpoint()
+    listing = await api.get("/apis/resource.k8s.io/v1/resourceclaims")
+    by_uid = {c["metadata"]["uid"]: c for c in listing.get("items", [])}
+    rebuilt = checkpoint.Checkpoint()
+    for uid in specs:
+        claim = by_uid.get(uid)
+        spec = await asyncio.to_thread(cdi.read_claim_spec, settings.cdi_dir, driver, uid)
+        if claim is None or spec is None:
+            continue
+        meta = claim["metadata"]
+        ref = claims.ClaimRef(meta["namespace"], meta["name"], claims.ClaimUID(uid))
+        try:
+            allocated = claims.allocated_devices(claim, ref, driver, node)
+        except claims.ClaimError:
+            continue
+        in_spec = {d["name"] for d in spec["devices"]}
+        devices = tuple(
+            checkpoint.PreparedDevice(
+                request_names=(a.base_request,),
+                pool=a.pool,
+                device=a.device,
+                cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.device),),
+            )
+            for a in allocated
+            if cdi.cdi_device_name(uid, a.device) in in_spec
+        )
+        if devices:
+            rebuilt = rebuilt.with_claim(
+                checkpoint.PreparedClaim(uid, ref.namespace, ref.name, devices, spec)
+            )
+    return rebuilt

@@ -1,0 +1,272 @@
+"""Prepared claims on this node: prepare, unprepare, and recovery at start.
+
+Prepare reads the claim, takes our driver's devices from its allocation, applies the opaque
+configuration (class configs, then claim configs), writes the claim's CDI spec and then records
+the claim in the checkpoint before answering; unprepare undoes both. Both are idempotent: a
+recorded claim is answered from the checkpoint (its spec written again if a reboot emptied the
+CDI directory), an unknown one unprepares as a success.
+
+Crash consistency: a spec is always written before its checkpoint entry and removed after it,
+so after a crash at any point ``recover`` can repair the directory from the checkpoint: specs
+without an entry are leaks (the kubelet never got an answer and will ask again) and are
+deleted; entries without a spec get it written again.
+
+This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
+servicers and never talks gRPC itself; ``status.devices`` writes go to a ``StatusWriter`` and do
+not delay the answer to the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dra_gpu import cdi, checkpoint, kube, metrics, opaque
+from dra_gpu.agent import claims
+from dra_gpu.agent.claims import ClaimError, ClaimRef
+from dra_gpu.devices import model
+
+log = logging.getLogger(__name__)
+
+InventorySource = Callable[[bool], Awaitable[model.Inventory]]
+"""Returns the node's inventory; ``True`` asks for a fresh read instead of the cached one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareFailed:
+    """A per-claim failure, reported in the claim's ``error`` field."""
+
+    message: str
+
+
+class StatusSink:
+    """Where prepared devices' ``status.devices`` entries go (see ``status.StatusWriter``)."""
+
+    def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """Desired entries of our driver for the claim; an empty list removes ours."""
+
+
+class DeviceState:
+    def __init__(
+        self,
+        *,
+        api: kube.Kube,
+        driver: str,
+        node: str,
+        backend_kind: str,
+        cdi_dir: Path,
+        checkpoint_file: Path,
+        inventory: InventorySource,
+        status: StatusSink,
+    ) -> None:
+        self.api = api
+        self.driver = driver
+        self.node = node
+        self.backend_kind = backend_kind
+        self.cdi_dir = cdi_dir
+        self.checkpoint_file = checkpoint_file
+        self._inventory = inventory
+        self._status = status
+        self._checkpoint = checkpoint.Checkpoint()
+        # One writer at a time for the checkpoint; per-claim locks keep a prepare and an
+        # unprepare of the same claim in order while different claims read the API in parallel.
+        self._write_lock = asyncio.Lock()
+        self._claim_locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def prepared(self) -> checkpoint.Checkpoint:
+        return self._checkpoint
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def load(self, recorded: checkpoint.Checkpoint) -> None:
+        self._checkpoint = recorded
+        self._update_gauges()
+
+    async def recover(self) -> list[str]:
+        """Make the CDI directory agree with the checkpoint; returns what it repaired."""
+        repaired: list[str] = []
+        on_disk = await asyncio.to_thread(cdi.list_claim_specs, self.cdi_dir, self.driver)
+        for uid in sorted(set(on_disk) - set(self._checkpoint.claims)):
+            await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, uid)
+            repaired.append(f"deleted CDI spec of unrecorded claim {uid}")
+        for uid, claim in sorted(self._checkpoint.claims.items()):
+            if claim.cdi_spec is not None and uid not in on_disk:
+                await self._write_spec(uid, claim.cdi_spec)
+                repaired.append(f"re-wrote CDI spec of claim {claim.namespace}/{claim.name}")
+        return repaired
+
+    # ---- prepare -------------------------------------------------------------------------
+
+    async def prepare_all(
+        self, refs: Sequence[ClaimRef]
+    ) -> dict[str, checkpoint.PreparedClaim | PrepareFailed]:
+        """Each claim on its own: one bad claim does not fail the others."""
+        results = await asyncio.gather(*(self.prepare(ref) for ref in refs))
+        return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
+
+    async def prepare(self, ref: ClaimRef) -> checkpoint.PreparedClaim | PrepareFailed:
+        started = time.perf_counter()
+        try:
+            async with self._claim_lock(ref.uid):
+                prepared = await self._prepare(ref)
+        except ClaimError as exc:
+            result: checkpoint.PreparedClaim | PrepareFailed = PrepareFailed(str(exc))
+        except Exception as exc:  # the kubelet gets an answer for every claim, always
+            log.exception("prepare of claim %s failed", ref)
+            result = PrepareFailed(f"ResourceClaim {ref}: {type(exc).__name__}: {exc}")
+        else:
+            result = prepared
+        outcome = "error" if isinstance(result, PrepareFailed) else "success"
+        metrics.PREPARES.labels(outcome).inc()
+        metrics.PREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - started)
+        if isinstance(result, PrepareFailed):
+            log.warning("prepare %s: %s", ref, result.message)
+        return result
+
+    async def _prepare(self, ref: ClaimRef) -> checkpoint.PreparedClaim:
+        recorded = self._checkpoint.claims.get(ref.uid)
+        if recorded is not None:
+            if recorded.cdi_spec is not None:
+                await self._ensure_spec(ref.uid, recorded.cdi_spec)
+            return recorded
+        claim = await self._read_claim(ref)
+        claims.check_identity(claim, ref)
+        allocated = claims.allocated_devices(claim, ref, self.driver, self.node)
+        try:
+            configs = opaque.effective_configs(
+                claims.allocation_configs(claim), self.driver, [d.request for d in allocated]
+            )
+        except opaque.InvalidConfig as exc:
+            raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
+        devices = await self._inventory_devices(ref, allocated)
+        spec_devices: list[tuple[str, dict[str, str]]] = []
+        prepared: list[checkpoint.PreparedDevice] = []
+        for position, alloc in enumerate(allocated):
+            device = devices[alloc.device]
+            env = {**self._device_env(position, device), **configs[alloc.request].container_env()}
+            spec_devices.append((alloc.device, env))
+            prepared.append(
+                checkpoint.PreparedDevice(
+                    request_names=(alloc.base_request,),
+                    pool=alloc.pool,
+                    device=alloc.device,
+                    cdi_device_ids=(cdi.cdi_device_id(self.driver, ref.uid, alloc.device),),
+                )
+            )
+        spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
+        record = checkpoint.PreparedClaim(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            devices=tuple(prepared),
+            cdi_spec=spec,
+        )
+        if spec is not None:
+            await self._write_spec(ref.uid, spec)
+        async with self._write_lock:
+            updated = self._checkpoint.with_claim(record)
+            await asyncio.to_thread(checkpoint.write_checkpoint, self.checkpoint_file, updated)
+            self._checkpoint = updated
+        self._update_gauges()
+        self._status.set_devices(ref, self._status_entries(allocated, devices))
+        return record
+
+    async def _read_claim(self, ref: ClaimRef) -> kube.Body:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
+        try:
+            return await self.api.get(path)
+        except kube.ApiError as exc:
+            if exc.not_found:
+                raise ClaimError(f"ResourceClaim {ref} not found") from None
+            raise ClaimError(f"ResourceClaim {ref}: cannot be read: {exc}") from None
+
+    async def _inventory_devices(
+        self, ref: ClaimRef, allocated: Sequence[claims.AllocatedDevice]
+    ) -> dict[str, model.Device]:
+        devices = (await self._inventory(False)).by_name()
+        if any(a.device not in devices for a in allocated):
+            devices = (await self._inventory(True)).by_name()  # a device may have just appeared
+        missing = [a.device for a in allocated if a.device not in devices]
+        if missing:
+            raise ClaimError(
+                f"ResourceClaim {ref}: device {', '.join(missing)} is not on node {self.node} "
+                f"(it has {', '.join(sorted(devices)) or 'no devices'}); it may have been "
+                "removed after the claim was allocated"
+            )
+        return devices
+
+    def _device_env(self, position: int, device: model.Device) -> dict[str, str]:
+        if self.backend_kind == "nvml":
+            return cdi.nvml_device_env(device.uuid)
+        return cdi.simulated_device_env(position, device.name)
+
+    def _status_entries(
+        self, allocated: Sequence[claims.AllocatedDevice], devices: dict[str, model.Device]
+    ) -> list[dict[str, Any]]:
+        now = datetime.datetime.now(datetime.UTC)
+        entries = []
+        for alloc in allocated:
+            device = devices[alloc.device]
+            data = {"uuid": device.uuid, "productName": device.product_name or "",
+                    "memory": device.memory or ""}  # fmt: skip
+            entries.append(claims.device_status(self.driver, alloc.pool, alloc.device, data, now))
+        return entries
+
+    # ---- unprepare -----------------------------------------------------------------------
+
+    async def unprepare_all(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareFailed | None]:
+        results = await asyncio.gather(*(self.unprepare(ref) for ref in refs))
+        return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
+
+    async def unprepare(self, ref: ClaimRef) -> PrepareFailed | None:
+        started = time.perf_counter()
+        error: PrepareFailed | None = None
+        try:
+            async with self._claim_lock(ref.uid):
+                await self._unprepare(ref)
+            self._claim_locks.pop(ref.uid, None)  # the claim is done with on this node
+        except Exception as exc:
+            log.exception("unprepare of claim %s failed", ref)
+            error = PrepareFailed(f"ResourceClaim {ref}: {type(exc).__name__}: {exc}")
+        outcome = "error" if error else "success"
+        metrics.UNPREPARES.labels(outcome).inc()
+        metrics.UNPREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - started)
+        return error
+
+    async def _unprepare(self, ref: ClaimRef) -> None:
+        # The spec goes even for an unrecorded claim: it may be a leak of a crashed prepare.
+        await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, ref.uid)
+        if ref.uid not in self._checkpoint.claims:
+            return
+        async with self._write_lock:
+            updated = self._checkpoint.without_claim(ref.uid)
+            await asyncio.to_thread(checkpoint.write_checkpoint, self.checkpoint_file, updated)
+            self._checkpoint = updated
+        self._update_gauges()
+        self._status.set_devices(ref, [])
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _claim_lock(self, uid: str) -> asyncio.Lock:
+        return self._claim_locks.setdefault(uid, asyncio.Lock())
+
+    async def _write_spec(self, uid: str, spec: cdi.CdiSpec) -> None:
+        await asyncio.to_thread(cdi.write_claim_spec, self.cdi_dir, spec, claim_uid=uid)
+
+    async def _ensure_spec(self, uid: str, spec: cdi.CdiSpec) -> None:
+        path = self.cdi_dir / cdi.spec_file_name(self.driver, uid)
+        if not await asyncio.to_thread(path.exists):
+            log.info("claim %s: CDI spec missing (reboot?), writing it again", uid)
+            await self._write_spec(uid, spec)
+
+    def _update_gauges(self) -> None:
+        claims_ = self._checkpoint.claims.values()
+        metrics.PREPARED_CLAIMS.set(len(claims_))
+        metrics.PREPARED_DEVICES.set(sum(len(c.devices) for c in claims_))

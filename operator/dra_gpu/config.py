@@ -1,0 +1,146 @@
+"""Typed settings for dra-gpu's processes: one object each, read once in ``cli.py``.
+
+Every field has a flag and a twin environment variable (``--cdi-dir`` / ``DRA_GPU_CDI_DIR``); the
+chart maps its values onto the environment. Logic receives the settings object and never reads
+the environment itself. Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dra_gpu import DEFAULT_DRIVER_NAME
+
+ENV_PREFIX = "DRA_GPU_"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSettings:
+    """The node agent: one per node, the kubelet's DRA plugin for ``driver_name``."""
+
+    node_name: str
+    """The Node this agent serves (downward API ``spec.nodeName`` in the chart)."""
+    driver_name: str = DEFAULT_DRIVER_NAME
+    """DRA driver name: ``spec.driver`` of our slices, the kubelet plugin name, CDI vendor."""
+    backend: str = "simulated"
+    """``nvml`` (real NVIDIA GPUs through pynvml) or ``simulated`` (a YAML profile)."""
+    profile: Path | None = None
+    """The simulated backend's profile (nodes to devices); required with ``simulated``."""
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    """Holds ``plugins_registry/`` (registration socket) and ``plugins/<driver>/`` (DRA socket)."""
+    cdi_dir: Path = Path("/var/run/cdi")
+    """Per-claim CDI specs. tmpfs on most nodes: gone after a reboot, re-created on demand."""
+    checkpoint_dir: Path = Path("/var/lib/dra-gpu")
+    """The checkpoint of prepared claims; must survive reboots (not tmpfs)."""
+    metrics_port: int = 9402
+    """Prometheus ``/metrics`` on 0.0.0.0 (0 disables)."""
+    health_port: int = 9403
+    """``/healthz`` (fails while the gRPC servers do not answer) and ``/readyz`` (0 disables)."""
+    bind_address: str = "0.0.0.0"
+    """Address of the metrics and health listeners (tests use 127.0.0.1)."""
+    resync_seconds: float = 30.0
+    """How often the inventory is re-read and our slices checked against it."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{self.driver_name}-reg.sock"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_dir / "plugins" / self.driver_name
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.checkpoint_dir / "checkpoint.json"
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise ValueError("node name is required (--node-name / DRA_GPU_NODE_NAME)")
+        if self.backend not in ("simulated", "nvml"):
+            raise ValueError(f"backend {self.backend!r} is not one of: simulated, nvml")
+        if self.backend == "simulated" and self.profile is None:
+            raise ValueError("the simulated backend needs a profile (--profile / DRA_GPU_PROFILE)")
+        if self.resync_seconds <= 0:
+            raise ValueError(f"resync seconds must be positive, got {self.resync_seconds}")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser, settings_type: type[Any]) -> None:
+    """One flag per settings field, each documented with its env twin and default."""
+    hints = {f.name: f for f in dataclasses.fields(settings_type)}
+    docs = _field_docs(settings_type)
+    for name, field in hints.items():
+        default = field.default if field.default is not dataclasses.MISSING else None
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{docs.get(name, '')} [env {env_name(name)}; default {default}]",
+        )
+
+
+def settings_from(
+    settings_type: type[Any], args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> Any:
+    """Flags win over the environment, which wins over the defaults. Raises ValueError naming
+    the flag and the env variable for a value of the wrong type."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(settings_type):
+        raw = getattr(args, field.name, None)
+        source = f"--{field.name.replace('_', '-')}"
+        if raw is None and env_name(field.name) in environ:
+            raw, source = environ[env_name(field.name)], env_name(field.name)
+        if raw is None:
+            continue
+        values[field.name] = _convert(field, raw, source)
+    return settings_type(**values)
+
+
+def _convert(field: dataclasses.Field[Any], raw: str, source: str) -> Any:
+    kind = str(field.type)
+    try:
+        if "Path" in kind:
+            return Path(raw) if raw else None
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{source}: {raw!r} is not a valid {kind}") from None
+    return raw
+
+
+def _field_docs(settings_type: type[Any]) -> dict[str, str]:
+    """Attribute docstrings (the string literal after each field) as help texts."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(settings_type))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs

@@ -1,0 +1,73 @@
+"""The HTTP side of a process: Prometheus ``/metrics``, ``/healthz`` and ``/readyz``.
+
+Health is a coroutine the owner passes in, so each process decides what "alive" means (the agent:
+its gRPC servers answer). The metrics and health listeners may share a port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import prometheus_client
+from aiohttp import web
+
+Check = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+def _app(*, metrics: bool, healthz: Check | None, readyz: Check | None) -> web.Application:
+    app = web.Application()
+
+    async def metrics_handler(request: web.Request) -> web.Response:
+        body = prometheus_client.generate_latest()
+        return web.Response(
+            body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
+        )
+
+    def check_handler(check: Check) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            ok, detail = await check()
+            return web.Response(status=200 if ok else 503, text=detail + "\n")
+
+        return handler
+
+    if metrics:
+        app.router.add_get("/metrics", metrics_handler)
+    if healthz:
+        app.router.add_get("/healthz", check_handler(healthz))
+    if readyz:
+        app.router.add_get("/readyz", check_handler(readyz))
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    address: str, metrics_port: int, health_port: int, *, healthz: Check, readyz: Check
+) -> AsyncIterator[list[int]]:
+    """Serve until exit; yields the bound ports (useful with port 0 in tests)."""
+    layout: dict[int, dict[str, bool]] = {}
+    if metrics_port:
+        layout.setdefault(metrics_port, {})["metrics"] = True
+    if health_port:
+        layout.setdefault(health_port, {})["health"] = True
+    runners: list[web.AppRunner] = []
+    ports: list[int] = []
+    try:
+        for port, parts in layout.items():
+            app = _app(
+                metrics=parts.get("metrics", False),
+                healthz=healthz if parts.get("health") else None,
+                readyz=readyz if parts.get("health") else None,
+            )
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, address, port)
+            await site.start()
+            server = site._server  # aiohttp exposes the bound sockets only here
+            sockets = getattr(server, "sockets", None) or []
+            ports.extend(s.getsockname()[1] for s in sockets[:1])
+        yield ports
+    finally:
+        for runner in runners:
+            await runner.cleanup()

@@ -1,0 +1,66 @@
+"""Every Prometheus metric of dra-gpu, defined once with its help text.
+
+Names follow the conventions: prefix ``dra_gpu_``, base units, counters end in ``_total``.
+Labels stay bounded (result, node, class — never a claim or a pod), and the series of every
+known label value exist from the start, so dashboards show zeros instead of gaps.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RESULTS = ("success", "error")
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
+
+# --- node agent ---------------------------------------------------------------------------------
+
+PREPARES = Counter(
+    "dra_gpu_prepare_claims_total",
+    "Claims prepared by NodePrepareResources, by result.",
+    ["result"],
+)
+UNPREPARES = Counter(
+    "dra_gpu_unprepare_claims_total",
+    "Claims unprepared by NodeUnprepareResources, by result.",
+    ["result"],
+)
+PREPARE_SECONDS = Histogram(
+    "dra_gpu_prepare_claim_duration_seconds",
+    "Time to prepare one claim (claim read, CDI spec, checkpoint), by result.",
+    ["result"],
+    buckets=_LATENCY_BUCKETS,
+)
+UNPREPARE_SECONDS = Histogram(
+    "dra_gpu_unprepare_claim_duration_seconds",
+    "Time to unprepare one claim, by result.",
+    ["result"],
+    buckets=_LATENCY_BUCKETS,
+)
+PREPARED_DEVICES = Gauge(
+    "dra_gpu_prepared_devices", "Devices of prepared claims on this node (from the checkpoint)."
+)
+PREPARED_CLAIMS = Gauge("dra_gpu_prepared_claims", "Claims prepared on this node.")
+INVENTORY_DEVICES = Gauge(
+    "dra_gpu_inventory_devices", "Devices the inventory backend reports, by node.", ["node"]
+)
+INVENTORY_MEMORY = Gauge(
+    "dra_gpu_inventory_memory_bytes",
+    "Memory of the devices the backend reports, by node.",
+    ["node"],
+)
+SLICE_PUBLICATIONS = Counter(
+    "dra_gpu_slice_publications_total",
+    "ResourceSlice pool publications (a new generation written), by result.",
+    ["result"],
+)
+CHECKPOINT_CORRUPTIONS = Counter(
+    "dra_gpu_checkpoint_corruptions_total",
+    "Checkpoint files found corrupt at start, moved aside and rebuilt.",
+)
+
+for _result in RESULTS:
+    PREPARES.labels(_result)
+    UNPREPARES.labels(_result)
+    PREPARE_SECONDS.labels(_result)
+    UNPREPARE_SECONDS.labels(_result)
+    SLICE_PUBLICATIONS.labels(_result)
