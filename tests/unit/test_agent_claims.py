@@ -1,0 +1,45 @@
+"""Which devices of a claim the agent may prepare: ours, from this node's pool, or an error."""
+
+import pytest
+
+from dra_gpu.agent.claims import (
+    AllocatedDevice,
+    ClaimError,
+    ClaimRef,
+    ClaimUID,
+    allocated_devices,
+    check_identity,
+)
+
+REF = ClaimRef("ns", "c", ClaimUID("u1"))
+
+
+def claim(results: list[dict[str, str]] | None) -> dict[str, object]:
+    status = {} if results is None else {"allocation": {"devices": {"results": results}}}
+    return {"metadata": {"uid": "u1"}, "status": status}
+
+
+def test_only_our_drivers_results_are_taken_with_base_request_names() -> None:
+    body = claim([
+        {"driver": "gpu.example.com", "pool": "node-01", "device": "gpu-0", "request": "g/large"},
+        {"driver": "nic.example.com", "pool": "node-01", "device": "nic-0", "request": "n"},
+    ])  # fmt: skip
+    devices = allocated_devices(body, REF, "gpu.example.com", "node-01")
+    assert devices == [AllocatedDevice("g/large", "node-01", "gpu-0")]
+    assert devices[0].base_request == "g"
+
+
+def test_a_device_from_another_nodes_pool_is_refused() -> None:
+    body = claim([{"driver": "d", "pool": "node-02", "device": "gpu-0", "request": "g"}])
+    with pytest.raises(ClaimError, match=r"devices node-02/gpu-0 are not in pool node-01"):
+        allocated_devices(body, REF, "d", "node-01")
+
+
+def test_an_unallocated_claim_is_refused() -> None:
+    with pytest.raises(ClaimError, match="ResourceClaim ns/c is not allocated"):
+        allocated_devices(claim(None), REF, "d", "node-01")
+
+
+def test_a_replaced_claim_is_refused() -> None:
+    with pytest.raises(ClaimError, match="has UID u2, not u1: it was deleted and re-created"):
+        check_identity({"metadata": {"uid": "u2"}}, REF)
