@@ -11,11 +11,12 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit e2e run cluster-up cluster-down protos clean
+.PHONY: help venv kubebins lint format test unit e2e bench run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
 	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
+	@echo "make bench         benchmarks (print numbers, assert nothing)"
 	@echo "make cluster-up    start the local cluster in the background (node-01..03) and print exports"
 	@echo "make cluster-down  stop it"
 	@echo "make kubebins      build etcd, kube-*, kubectl and helm $(K8S_VERSION) into $(DRA_GPU_BIN_DIR)"
@@ -31,12 +32,12 @@ kubebins:
 	@hack/build-kubebins.sh >/dev/null
 
 lint: venv
-	$(BIN)/ruff check operator tests hack
-	$(BIN)/ruff format --check operator tests hack
+	$(BIN)/ruff check operator tests hack benchmarks
+	$(BIN)/ruff format --check operator tests hack benchmarks
 
 format: venv
-	$(BIN)/ruff check --fix operator tests hack
-	$(BIN)/ruff format operator tests hack
+	$(BIN)/ruff check --fix operator tests hack benchmarks
+	$(BIN)/ruff format operator tests hack benchmarks
 
 test: lint kubebins
 	$(BIN)/pytest
@@ -46,6 +47,9 @@ unit: venv
 
 e2e: venv kubebins
 	$(BIN)/pytest tests/e2e
+
+bench: venv kubebins
+	$(BIN)/python benchmarks/bench_prepare.py
 
 cluster-up: venv kubebins
 	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR)

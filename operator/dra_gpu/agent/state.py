@@ -6,10 +6,12 @@ the claim in the checkpoint before answering; unprepare undoes both. Both are id
 recorded claim is answered from the checkpoint (its spec written again if a reboot emptied the
 CDI directory), an unknown one unprepares as a success.
 
-Crash consistency: a spec is always written before its checkpoint entry and removed after it,
-so after a crash at any point ``recover`` can repair the directory from the checkpoint: specs
-without an entry are leaks (the kubelet never got an answer and will ask again) and are
-deleted; entries without a spec get it written again.
+Crash consistency: the kubelet gets its answer only after both the spec and the checkpoint
+entry are on disk, and after a crash at any point ``recover`` repairs the directory from the
+checkpoint: specs without an entry are leaks (the kubelet never got an answer and will ask
+again) and are deleted; entries without a spec get it written again. So the two writes need no
+order and run concurrently. Checkpoint writes are group-committed: claims prepared at the same
+time share one write of the file instead of queueing for one each.
 
 This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
 servicers and never talks gRPC itself; ``status.devices`` writes go to a ``StatusWriter`` and do
@@ -35,6 +37,7 @@ from dra_gpu.devices import model
 log = logging.getLogger(__name__)
 
 InventorySource = Callable[[bool], Awaitable[model.Inventory]]
+Change = Callable[[checkpoint.Checkpoint], checkpoint.Checkpoint]
 """Returns the node's inventory; ``True`` asks for a fresh read instead of the cached one."""
 
 
@@ -74,10 +77,11 @@ class DeviceState:
         self._inventory = inventory
         self._status = status
         self._checkpoint = checkpoint.Checkpoint()
-        # One writer at a time for the checkpoint; per-claim locks keep a prepare and an
-        # unprepare of the same claim in order while different claims read the API in parallel.
-        self._write_lock = asyncio.Lock()
+        # Per-claim locks keep a prepare and an unprepare of the same claim in order while
+        # different claims read the API in parallel; checkpoint changes are group-committed.
         self._claim_locks: dict[str, asyncio.Lock] = {}
+        self._pending: list[tuple[Change, asyncio.Future[None]]] = []
+        self._committing = False
 
     @property
     def prepared(self) -> checkpoint.Checkpoint:
@@ -168,13 +172,10 @@ class DeviceState:
             devices=tuple(prepared),
             cdi_spec=spec,
         )
+        writes = [self._commit(lambda recorded: recorded.with_claim(record))]
         if spec is not None:
-            await self._write_spec(ref.uid, spec)
-        async with self._write_lock:
-            updated = self._checkpoint.with_claim(record)
-            await asyncio.to_thread(checkpoint.write_checkpoint, self.checkpoint_file, updated)
-            self._checkpoint = updated
-        self._update_gauges()
+            writes.append(self._write_spec(ref.uid, spec))
+        await asyncio.gather(*writes)
         self._status.set_devices(ref, self._status_entries(allocated, devices))
         return record
 
@@ -245,14 +246,39 @@ class DeviceState:
         await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, ref.uid)
         if ref.uid not in self._checkpoint.claims:
             return
-        async with self._write_lock:
-            updated = self._checkpoint.without_claim(ref.uid)
-            await asyncio.to_thread(checkpoint.write_checkpoint, self.checkpoint_file, updated)
-            self._checkpoint = updated
-        self._update_gauges()
+        await self._commit(lambda recorded: recorded.without_claim(ref.uid))
         self._status.set_devices(ref, [])
 
     # ---- helpers -------------------------------------------------------------------------
+
+    async def _commit(self, change: Change) -> None:
+        """Apply ``change`` to the checkpoint and return once it is on disk. Whoever finds no
+        write in progress writes every change queued meanwhile, in one go."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((change, done))
+        if not self._committing:
+            self._committing = True
+            try:
+                while self._pending:
+                    batch, self._pending = self._pending, []
+                    updated = self._checkpoint
+                    for apply, _ in batch:
+                        updated = apply(updated)
+                    try:
+                        await asyncio.to_thread(
+                            checkpoint.write_checkpoint, self.checkpoint_file, updated
+                        )
+                    except Exception as exc:
+                        for _, waiter in batch:
+                            waiter.set_exception(exc)
+                        continue
+                    self._checkpoint = updated
+                    self._update_gauges()
+                    for _, waiter in batch:
+                        waiter.set_result(None)
+            finally:
+                self._committing = False
+        await done
 
     def _claim_lock(self, uid: str) -> asyncio.Lock:
         return self._claim_locks.setdefault(uid, asyncio.Lock())

@@ -4,8 +4,9 @@ The kubelet waits for prepare, not for this: a prepared device's Ready entry is 
 users and the controller, so it must not add an API round trip to the critical path. Desired
 state is kept per claim (the latest wins) and applied with server-side apply under a field
 manager of our own, which owns exactly our driver's entries: other drivers' entries are never
-touched, and applying an empty list removes ours. Failed writes are retried with backoff; a
-claim that is gone needs no status.
+touched, and applying an empty list removes ours. Writes wait ``delay_seconds`` so that
+bursts coalesce (a claim prepared and unprepared within that time costs no write at all).
+Failed writes are retried with backoff; a claim that is gone needs no status.
 """
 
 from __future__ import annotations
@@ -22,16 +23,25 @@ log = logging.getLogger(__name__)
 
 
 class StatusWriter(StatusSink):
-    def __init__(self, api: kube.Kube, node: str, *, retry_seconds: float = 2.0) -> None:
+    def __init__(
+        self,
+        api: kube.Kube,
+        node: str,
+        *,
+        delay_seconds: float = 0.5,
+        retry_seconds: float = 2.0,
+    ) -> None:
         self.api = api
         self.field_manager = f"dra-gpu-agent/{node}"
+        self.delay_seconds = delay_seconds
         self.retry_seconds = retry_seconds
+        self._written: set[str] = set()
         self._desired: dict[str, tuple[ClaimRef, list[dict[str, Any]]]] = {}
         self._dirty: asyncio.Queue[str] = asyncio.Queue()
 
     def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
         self._desired[ref.uid] = (ref, entries)
-        self._dirty.put_nowait(ref.uid)
+        asyncio.get_running_loop().call_later(self.delay_seconds, self._retry, ref.uid)
 
     def pending(self) -> int:
         return len(self._desired)
@@ -42,6 +52,9 @@ class StatusWriter(StatusSink):
             if uid not in self._desired:
                 continue  # already written by an earlier wake-up
             ref, entries = self._desired[uid]
+            if not entries and uid not in self._written:
+                self._forget(uid, (ref, entries))  # nothing of ours was ever written there
+                continue
             try:
                 await self._apply(ref, entries)
             except kube.ApiError as exc:
@@ -59,6 +72,10 @@ class StatusWriter(StatusSink):
                 log.warning("status of claim %s: %s; retrying", ref, exc)
                 asyncio.get_running_loop().call_later(self.retry_seconds, self._retry, uid)
                 continue
+            if entries:
+                self._written.add(uid)
+            else:
+                self._written.discard(uid)
             self._forget(uid, (ref, entries))
 
     def _retry(self, uid: str) -> None:

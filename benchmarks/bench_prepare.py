@@ -1,0 +1,178 @@
+"""Prepare + unprepare latency as the kubelet sees it, against the real API server.
+
+Starts the local control plane, one fake node, and the real agent process (simulated backend,
+128 GPUs), creates claims whose allocation names the node's devices (written through the status
+subresource, as the scheduler would), then calls NodePrepareResources and NodeUnprepareResources
+over the agent's unix socket:
+
+- one claim at a time (``--rounds`` claims, prepare then unprepare each);
+- ``--in-flight`` claims at once (one RPC per claim, all started together).
+
+The floor is what no implementation can avoid: one GET of the claim plus one atomic file write,
+measured in this process with the same HTTP client. Prints a table and ``BENCH <name> <value>
+<unit>`` lines; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from dra_gpu import files, kube
+from dra_gpu.proto.dra.v1 import api_pb2 as v1
+from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
+from dra_gpu.testing import ControlPlane, KubeletStandIn
+from dra_gpu.testing._agent import AgentProcess
+
+NODE = "bench-node"
+DRIVER = "gpu.example.com"
+DEVICES = 128
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def report(name: str, seconds: list[float]) -> tuple[float, float]:
+    p50, p99 = percentile(seconds, 50) * 1000, percentile(seconds, 99) * 1000
+    print(f"{name:<42} n={len(seconds):<4} p50={p50:8.2f} ms  p99={p99:8.2f} ms")
+    print(f"BENCH {name}_p50 {p50:.3f} ms")
+    print(f"BENCH {name}_p99 {p99:.3f} ms")
+    return p50, p99
+
+
+async def make_claims(api: kube.Kube, namespace: str, count: int) -> list[v1.Claim]:
+    claims = []
+    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    for i in range(count):
+        body = {
+            "metadata": {"name": f"bench-{i}"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "bench-gpu"}}]}},
+        }  # fmt: skip
+        created = await api.create(base, body)
+        created["status"] = {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i % DEVICES}",
+        }]}}}  # fmt: skip
+        await api.replace(f"{base}/bench-{i}/status", created)
+        claims.append(
+            v1.Claim(namespace=namespace, name=f"bench-{i}", uid=created["metadata"]["uid"])
+        )
+    return claims
+
+
+async def one_at_a_time(
+    stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]
+) -> dict[str, list[float]]:
+    timings: dict[str, list[float]] = {"prepare": [], "unprepare": [], "both": []}
+    for claim in claims:
+        t0 = time.perf_counter()
+        prepared = await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim]))
+        t1 = time.perf_counter()
+        await stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[claim]))
+        t2 = time.perf_counter()
+        if prepared.claims[claim.uid].error:
+            raise RuntimeError(prepared.claims[claim.uid].error)
+        timings["prepare"].append(t1 - t0)
+        timings["unprepare"].append(t2 - t1)
+        timings["both"].append(t2 - t0)
+    return timings
+
+
+async def empty_calls(stub: v1_grpc.DRAPluginStub, rounds: int) -> list[float]:
+    """The transport alone: a prepare with no claims does no work in the agent."""
+    timings = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        await stub.NodePrepareResources(v1.NodePrepareResourcesRequest())
+        timings.append(time.perf_counter() - t0)
+    return timings
+
+
+async def in_flight(stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]) -> dict[str, list[float]]:
+    async def timed(call: object) -> float:
+        t0 = time.perf_counter()
+        await call  # type: ignore[misc]
+        return time.perf_counter() - t0
+
+    prepare = await asyncio.gather(*(timed(stub.NodePrepareResources(
+        v1.NodePrepareResourcesRequest(claims=[c]))) for c in claims))  # fmt: skip
+    unprepare = await asyncio.gather(*(timed(stub.NodeUnprepareResources(
+        v1.NodeUnprepareResourcesRequest(claims=[c]))) for c in claims))  # fmt: skip
+    return {"prepare": list(prepare), "unprepare": list(unprepare)}
+
+
+async def floor(api: kube.Kube, claims: list[v1.Claim], directory: Path) -> list[float]:
+    timings = []
+    for claim in claims:
+        t0 = time.perf_counter()
+        body = await api.get(
+            f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        )
+        await asyncio.to_thread(files.atomic_write, directory / f"{claim.uid}.json",
+                                str(body["metadata"]).encode())  # fmt: skip
+        timings.append(time.perf_counter() - t0)
+    return timings
+
+
+async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> None:
+    profile = work / "profile.yaml"
+    profile.write_text(
+        f"nodes:\n  {NODE}:\n    devices:\n    - count: {DEVICES}\n      memory: 80Gi\n"
+    )
+    async with (
+        await kube.Kube.connect(cp.kubeconfig) as api,
+        KubeletStandIn(api, [NODE], work / "kubelet") as kubelet,
+    ):
+        agent = AgentProcess(NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent",
+                             profile=profile)  # fmt: skip
+        agent.start()
+        try:
+            await api.create("/api/v1/namespaces", {"metadata": {"name": "bench"}})
+            claims = await make_claims(api, "bench", max(rounds, concurrent))
+            socket = f"unix://{kubelet.kubelet_dir(NODE)}/plugins/{DRIVER}/dra.sock"
+            async with grpc.aio.insecure_channel(socket) as channel:
+                stub = v1_grpc.DRAPluginStub(channel)
+                await one_at_a_time(stub, claims[:5])  # warm up connections and caches
+                empty = await empty_calls(stub, rounds)
+                sequential = await one_at_a_time(stub, claims[:rounds])
+                parallel = await in_flight(stub, claims[:concurrent])
+            floor_times = await floor(api, claims[:rounds], work / "floor")
+        finally:
+            agent.stop()
+    print(f"\nprepare/unprepare latency, {rounds} claims one at a time, {concurrent} in flight "
+          f"(kubelet's view, gRPC over a unix socket, real API server)\n")  # fmt: skip
+    floor_p50, _ = report("floor_get_claim_plus_atomic_write", floor_times)
+    report("grpc_round_trip_empty_prepare", empty)
+    prepare_p50, _ = report("prepare_one_at_a_time", sequential["prepare"])
+    report("unprepare_one_at_a_time", sequential["unprepare"])
+    report("prepare_plus_unprepare_one_at_a_time", sequential["both"])
+    report(f"prepare_{concurrent}_in_flight", parallel["prepare"])
+    report(f"unprepare_{concurrent}_in_flight", parallel["unprepare"])
+    ratio = prepare_p50 / floor_p50
+    print(f"\nprepare p50 / floor p50 = {ratio:.2f} (goal <= 1.5)")
+    print(f"BENCH prepare_p50_over_floor_p50 {ratio:.3f} ratio")
+    print(f"BENCH floor_mean {statistics.mean(floor_times) * 1000:.3f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--in-flight", type=int, default=100)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, ControlPlane() as cp:
+        (Path(tmp) / "floor").mkdir()
+        asyncio.run(run(cp, Path(tmp), args.rounds, args.in_flight))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

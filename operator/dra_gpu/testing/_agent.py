@@ -1,0 +1,139 @@
+"""The node agent as a real process, for tests and ``make run``.
+
+Runs ``dra-gpu agent`` exactly as the chart's DaemonSet does (same flags, environment twins
+left alone), with the node's kubelet directory from the stand-in and CDI/checkpoint directories
+of its own, so tests can kill it with SIGKILL, restart it, and look at the files it left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from dra_gpu import DEFAULT_DRIVER_NAME
+from dra_gpu.testing._control_plane import _die_with_parent, _tail, free_port
+
+
+@dataclasses.dataclass
+class AgentProcess:
+    """One agent for one node. ``start()`` returns once it answers ``/readyz``."""
+
+    node: str
+    kubeconfig: Path
+    kubelet_dir: Path
+    state_dir: Path
+    """Holds ``cdi/``, ``checkpoint/`` and ``agent.log``."""
+    profile: Path | None = None
+    backend: str = "simulated"
+    driver: str = DEFAULT_DRIVER_NAME
+    resync_seconds: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    health_port: int = 0
+    metrics_port: int = 0
+    _popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.state_dir / "cdi"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.state_dir / "checkpoint"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.checkpoint_dir / "checkpoint.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "agent.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen and self._popen.poll() is None else None
+
+    def args(self) -> list[str]:
+        args = [
+            sys.executable, "-m", "dra_gpu", "agent",
+            f"--node-name={self.node}",
+            f"--driver-name={self.driver}",
+            f"--backend={self.backend}",
+            f"--kubelet-dir={self.kubelet_dir}",
+            f"--cdi-dir={self.cdi_dir}",
+            f"--checkpoint-dir={self.checkpoint_dir}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--health-port={self.health_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--resync-seconds={self.resync_seconds}",
+        ]  # fmt: skip
+        if self.profile is not None:
+            args.append(f"--profile={self.profile}")
+        return [*args, *self.extra_args]
+
+    def start(self, timeout: float = 60.0) -> None:
+        if not self.health_port:
+            self.health_port = free_port()
+        if not self.metrics_port:
+            self.metrics_port = free_port()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            self._popen = subprocess.Popen(
+                self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._popen is None or self._popen.poll() is not None:
+                raise RuntimeError(f"agent of {self.node} exited; log:\n{_tail(self.log_file, 40)}")
+            if self.probe("/readyz") == 200:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"agent of {self.node} not ready; log:\n{_tail(self.log_file, 40)}")
+
+    def probe(self, path: str) -> int | None:
+        try:
+            url = f"http://127.0.0.1:{self.health_port}{path}"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bytes(response.read()).decode()
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM and wait, as the kubelet stops a container; returns the exit code."""
+        if self._popen is None or self._popen.poll() is not None:
+            return None if self._popen is None else self._popen.returncode
+        self._popen.send_signal(signal.SIGTERM)
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            return self._popen.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as in a crash or an OOM kill."""
+        if self._popen is not None and self._popen.poll() is None:
+            self._popen.kill()
+            self._popen.wait()
+
+    def restart(self, timeout: float = 60.0) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+        self.start(timeout)
