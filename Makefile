@@ -59,7 +59,7 @@ cluster-down: venv
 
 run: cluster-up
 	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR))" && \
-	  $(BIN)/python hack/tutorial.py
+	  $(BIN)/python hack/tutorial.py $(STATE_DIR)
 
 protos: venv
 	$(BIN)/pip install --quiet -e '.[dev]'

@@ -38,7 +38,7 @@ DEVICES = 128
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def report(name: str, seconds: list[float]) -> tuple[float, float]:
@@ -55,13 +55,27 @@ async def make_claims(api: kube.Kube, namespace: str, count: int) -> list[v1.Cla
     for i in range(count):
         body = {
             "metadata": {"name": f"bench-{i}"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "bench-gpu"}}]}},
-        }  # fmt: skip
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "bench-gpu"}}]
+                }
+            },
+        }
         created = await api.create(base, body)
-        created["status"] = {"allocation": {"devices": {"results": [{
-            "request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i % DEVICES}",
-        }]}}}  # fmt: skip
+        created["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": NODE,
+                            "device": f"gpu-{i % DEVICES}",
+                        }
+                    ]
+                }
+            }
+        }
         await api.replace(f"{base}/bench-{i}/status", created)
         claims.append(
             v1.Claim(namespace=namespace, name=f"bench-{i}", uid=created["metadata"]["uid"])
@@ -103,10 +117,18 @@ async def in_flight(stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]) -> dict
         await call  # type: ignore[misc]
         return time.perf_counter() - t0
 
-    prepare = await asyncio.gather(*(timed(stub.NodePrepareResources(
-        v1.NodePrepareResourcesRequest(claims=[c]))) for c in claims))  # fmt: skip
-    unprepare = await asyncio.gather(*(timed(stub.NodeUnprepareResources(
-        v1.NodeUnprepareResourcesRequest(claims=[c]))) for c in claims))  # fmt: skip
+    prepare = await asyncio.gather(
+        *(
+            timed(stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[c])))
+            for c in claims
+        )
+    )
+    unprepare = await asyncio.gather(
+        *(
+            timed(stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[c])))
+            for c in claims
+        )
+    )
     return {"prepare": list(prepare), "unprepare": list(unprepare)}
 
 
@@ -117,8 +139,9 @@ async def floor(api: kube.Kube, claims: list[v1.Claim], directory: Path) -> list
         body = await api.get(
             f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         )
-        await asyncio.to_thread(files.atomic_write, directory / f"{claim.uid}.json",
-                                str(body["metadata"]).encode())  # fmt: skip
+        await asyncio.to_thread(
+            files.atomic_write, directory / f"{claim.uid}.json", str(body["metadata"]).encode()
+        )
         timings.append(time.perf_counter() - t0)
     return timings
 
@@ -132,8 +155,9 @@ async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> Non
         await kube.Kube.connect(cp.kubeconfig) as api,
         KubeletStandIn(api, [NODE], work / "kubelet") as kubelet,
     ):
-        agent = AgentProcess(NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent",
-                             profile=profile)  # fmt: skip
+        agent = AgentProcess(
+            NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent", profile=profile
+        )
         agent.start()
         try:
             await api.create("/api/v1/namespaces", {"metadata": {"name": "bench"}})
@@ -148,8 +172,10 @@ async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> Non
             floor_times = await floor(api, claims[:rounds], work / "floor")
         finally:
             agent.stop()
-    print(f"\nprepare/unprepare latency, {rounds} claims one at a time, {concurrent} in flight "
-          f"(kubelet's view, gRPC over a unix socket, real API server)\n")  # fmt: skip
+    print(
+        f"\nprepare/unprepare latency, {rounds} claims one at a time, {concurrent} in flight "
+        f"(kubelet's view, gRPC over a unix socket, real API server)\n"
+    )
     floor_p50, _ = report("floor_get_claim_plus_atomic_write", floor_times)
     report("grpc_round_trip_empty_prepare", empty)
     prepare_p50, _ = report("prepare_one_at_a_time", sequential["prepare"])

@@ -1,8 +1,11 @@
 """Plays the user's tutorial on the local cluster (``make run``), step by step.
 
 Runs the same kubectl commands the tutorial gives its reader, against ``$KUBECONFIG``, and
-prints each with what the cluster answered. It waits for each answer instead of sleeping, and
-starts by removing what an earlier run left, so it can be run again and again.
+prints each with what the cluster answered. Where the tutorial publishes a hand-made
+ResourceSlice, this run installs the driver instead: it starts the dra-gpu node agents (the
+simulated tutorial profile: gpu-0 24Gi and gpu-1 8Gi on node-01), which publish the devices,
+prepare gpu-0 when the pod lands on node-01 and let it start. It waits for each answer instead
+of sleeping, and starts by removing what an earlier run left, so it can be run again and again.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dra_gpu.testing._cluster import agents_down, agents_up
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "crds-examples"
+PROFILE = EXAMPLES / "profile-tutorial.yaml"
+NODES = ("node-01", "node-02", "node-03")
 BOLD, DIM, GREEN, RESET = (
     ("\033[1m", "\033[2m", "\033[32m", "\033[0m") if sys.stdout.isatty() else ("",) * 4
 )
@@ -62,8 +69,12 @@ def pod_event(reason: str, text: str) -> str | None:
     return None
 
 
-def reset() -> None:
+def reset(state_dir: Path) -> None:
     step("Clean slate: remove what an earlier run left")
+    stopped = agents_down(state_dir)
+    if stopped:
+        print(f"stopped the node agents of {', '.join(stopped)}")
+    kubectl("delete", "resourceslices", "-l", "app.kubernetes.io/managed-by=dra-gpu")
     kubectl(
         "delete",
         "deployment/recomendador",
@@ -90,7 +101,8 @@ def reset() -> None:
 def main() -> int:
     if not os.environ.get("KUBECONFIG"):
         sys.exit("KUBECONFIG is not set: run `make run` (or `eval $(make cluster-up)`) first")
-    reset()
+    state_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".run/cluster")
+    reset(state_dir)
 
     step("Step 1: the types are already there")
     kubectl("api-resources", "--api-group=resource.k8s.io")
@@ -122,14 +134,16 @@ def main() -> int:
         "\n",
     )
 
-    step("Step 3: publish a GPU that does not exist")
-    kubectl("apply", "-f", str(EXAMPLES / "resourceslice.yaml"))
+    step("Step 3: install the driver instead of describing a GPU by hand")
+    print("Starting the dra-gpu node agent on each node, as the chart's DaemonSet does ...")
+    for agent in agents_up(state_dir, NODES, PROFILE):
+        print(f"  {agent.node}: pid {agent.pid}, log {agent.log_file}")
+    print()
     wait_for(
-        "the claim to be allocated and the pod bound",
-        lambda: pod_event("Scheduled", "Successfully assigned"),
+        "the scheduler to place the pod", lambda: pod_event("Scheduled", "Successfully assigned")
     )
+    kubectl("get", "resourceslices", "-o", "wide")
     kubectl("get", "resourceclaim")
-    kubectl("get", "pods", "-l", "app=recomendador", "-o", "wide")
     kubectl(
         "get",
         "resourceclaim",
@@ -137,14 +151,36 @@ def main() -> int:
         'jsonpath={range .items[*]}{.status.allocation.devices.results[0].device}{end}{"\\n"}',
     )
 
+    step("Step 4: the driver prepares gpu-0 and the pod starts")
+    wait_for(
+        "the pod to run",
+        lambda: [
+            p
+            for p in kubectl_json("get", "pods", "-l", "app=recomendador")["items"]
+            if p["status"].get("phase") == "Running"
+        ],
+    )
+    kubectl("get", "pods", "-l", "app=recomendador", "-o", "wide")
+    kubectl(
+        "get",
+        "resourceclaim",
+        "-o",
+        "jsonpath={range .items[*].status.devices[*]}{.device}: {.conditions[0].type}="
+        '{.conditions[0].status} {.data}{"\\n"}{end}',
+    )
+    claim = kubectl_json("get", "resourceclaims")["items"][0]
+    uid = claim["metadata"]["uid"]
+    spec = state_dir / "agents" / "node-01" / "cdi" / f"k8s.gpu.example.com-gpu_{uid}.json"
+    print(f"{BOLD}$ cat {spec}{RESET}\n{spec.read_text()}")
+
     step("The events in a row, in order")
     kubectl(
         "get", "events", "--field-selector", "involvedObject.kind=Pod", "--sort-by=.lastTimestamp"
     )
     print(
-        "Step 4 (the kubelet prepares gpu-0 and the pod starts) needs a DRA driver on node-01:\n"
-        "that is the dra-gpu node agent. Explore the cluster with the exports from\n"
-        "`make cluster-up`; stop it with `make cluster-down`."
+        "The class, the device, the node and the driver: all four pieces in place.\n"
+        "Explore with the exports `make cluster-up` prints; stop everything with\n"
+        "`make cluster-down`."
     )
     return 0
 

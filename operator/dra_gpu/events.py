@@ -17,8 +17,12 @@ log = logging.getLogger(__name__)
 
 def object_ref(body: dict[str, Any]) -> dict[str, str]:
     meta = body["metadata"]
-    ref = {"apiVersion": body.get("apiVersion", "v1"), "kind": body.get("kind", ""),
-           "name": meta["name"], "uid": meta.get("uid", "")}  # fmt: skip
+    ref = {
+        "apiVersion": body.get("apiVersion", "v1"),
+        "kind": body.get("kind", ""),
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+    }
     if meta.get("namespace"):
         ref["namespace"] = meta["namespace"]
     return ref
@@ -60,10 +64,16 @@ async def post(
     host: str,
 ) -> None:
     """Post one Event; a failure to post is logged, never raised (the log line still says it)."""
-    body = event_body(regarding, type_=type_, reason=reason, message=message,
-                      component=component, host=host)  # fmt: skip
+    body = event_body(
+        regarding, type_=type_, reason=reason, message=message, component=component, host=host
+    )
     try:
         await api.create(f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
     except Exception as exc:
-        log.warning("could not post event %s on %s %s: %s", reason, regarding.get("kind"),
-                    regarding.get("name"), exc)  # fmt: skip
+        log.warning(
+            "could not post event %s on %s %s: %s",
+            reason,
+            regarding.get("kind"),
+            regarding.get("name"),
+            exc,
+        )

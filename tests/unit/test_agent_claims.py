@@ -20,10 +20,17 @@ def claim(results: list[dict[str, str]] | None) -> dict[str, object]:
 
 
 def test_only_our_drivers_results_are_taken_with_base_request_names() -> None:
-    body = claim([
-        {"driver": "gpu.example.com", "pool": "node-01", "device": "gpu-0", "request": "g/large"},
-        {"driver": "nic.example.com", "pool": "node-01", "device": "nic-0", "request": "n"},
-    ])  # fmt: skip
+    body = claim(
+        [
+            {
+                "driver": "gpu.example.com",
+                "pool": "node-01",
+                "device": "gpu-0",
+                "request": "g/large",
+            },
+            {"driver": "nic.example.com", "pool": "node-01", "device": "nic-0", "request": "n"},
+        ]
+    )
     devices = allocated_devices(body, REF, "gpu.example.com", "node-01")
     assert devices == [AllocatedDevice("g/large", "node-01", "gpu-0")]
     assert devices[0].base_request == "g"

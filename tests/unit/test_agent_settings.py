@@ -19,9 +19,12 @@ def parse(argv: list[str], env: dict[str, str]) -> AgentSettings:
 def test_flags_override_env_and_env_overrides_defaults() -> None:
     settings = parse(
         ["--node-name", "node-01", "--cdi-dir", "/flag/cdi"],
-        {"DRA_GPU_CDI_DIR": "/env/cdi", "DRA_GPU_PROFILE": "/p.yaml",
-         "DRA_GPU_METRICS_PORT": "9999"},
-    )  # fmt: skip
+        {
+            "DRA_GPU_CDI_DIR": "/env/cdi",
+            "DRA_GPU_PROFILE": "/p.yaml",
+            "DRA_GPU_METRICS_PORT": "9999",
+        },
+    )
     assert settings.cdi_dir == Path("/flag/cdi")
     assert settings.profile == Path("/p.yaml")
     assert settings.metrics_port == 9999

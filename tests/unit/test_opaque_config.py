@@ -7,10 +7,17 @@ from dra_gpu import opaque
 DRIVER = "gpu.example.com"
 
 
-def entry(params: object, source: str = "FromClaim", requests: list[str] | None = None,
-          driver: str = DRIVER) -> dict[str, object]:  # fmt: skip
-    return {"source": source, "requests": requests or [],
-            "opaque": {"driver": driver, "parameters": params}}  # fmt: skip
+def entry(
+    params: object,
+    source: str = "FromClaim",
+    requests: list[str] | None = None,
+    driver: str = DRIVER,
+) -> dict[str, object]:
+    return {
+        "source": source,
+        "requests": requests or [],
+        "opaque": {"driver": driver, "parameters": params},
+    }
 
 
 def gpu_config(**fields: object) -> dict[str, object]:
@@ -25,13 +32,15 @@ def test_no_config_means_exclusive_and_no_extra_env() -> None:
 def test_claim_config_overrides_class_config_and_env_merges() -> None:
     configs = opaque.effective_configs(
         [
-            entry(gpu_config(sharing={"strategy": "TimeSlicing"}, env={"A": "class", "B": "b"}),
-                  source="FromClass"),
+            entry(
+                gpu_config(sharing={"strategy": "TimeSlicing"}, env={"A": "class", "B": "b"}),
+                source="FromClass",
+            ),
             entry(gpu_config(env={"A": "claim"})),
         ],
         DRIVER,
         ["gpu"],
-    )  # fmt: skip
+    )
     assert configs["gpu"].sharing == "TimeSlicing"  # the claim did not set sharing
     assert configs["gpu"].env == {"A": "claim", "B": "b"}
 
@@ -52,17 +61,21 @@ def test_other_drivers_configs_are_ignored_even_when_malformed() -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (gpu_config(sharng={}),
-         r"ResourceClaim config\[0\]\.opaque\.parameters\.sharng: unknown field"),
-        (gpu_config(sharing={"strategy": "MPS"}),
-         r"parameters\.sharing\.strategy: 'MPS' is not one of Exclusive, TimeSlicing"),
+        (
+            gpu_config(sharng={}),
+            r"ResourceClaim config\[0\]\.opaque\.parameters\.sharng: unknown field",
+        ),
+        (
+            gpu_config(sharing={"strategy": "MPS"}),
+            r"parameters\.sharing\.strategy: 'MPS' is not one of Exclusive, TimeSlicing",
+        ),
         (gpu_config(env={"1BAD": "x"}), r"parameters\.env: '1BAD' is not an environment variable"),
         (gpu_config(env={"A": 1}), r"parameters\.env\.A: expected a string, found int"),
         ({"kind": "GpuConfig"}, r"parameters\.apiVersion: None is not supported"),
         (gpu_config(kind="Other"), r"parameters\.kind: 'Other' is not supported"),
         ([1, 2], r"parameters: expected an object, found list"),
     ],
-)  # fmt: skip
+)
 def test_malformed_parameters_name_the_field(params: object, message: str) -> None:
     with pytest.raises(opaque.InvalidConfig, match=message):
         opaque.effective_configs([entry(params)], DRIVER, ["gpu"])

@@ -104,8 +104,11 @@ class SlicePublisher:
         metrics.SLICE_PUBLICATIONS.labels("success").inc()
         log.info(
             "published %d devices of node %s in %d slice(s), generation %d",
-            len(inventory.devices), self.node, len(wanted), generation,
-        )  # fmt: skip
+            len(inventory.devices),
+            self.node,
+            len(wanted),
+            generation,
+        )
         return True
 
     def _needs_update(self, ours: list[Any], wanted: list[Any], node_uid: str) -> bool:
@@ -148,16 +151,19 @@ class SlicePublisher:
                     "ResourceSlice %s publishes devices of driver %s in pool %s but was not "
                     "made by dra-gpu; our slices use a higher generation, so the scheduler "
                     "ignores it. Delete it if it was made by hand.",
-                    name, self.driver, self.node,
-                )  # fmt: skip
+                    name,
+                    self.driver,
+                    self.node,
+                )
 
     async def _watch_forever(self) -> None:
         # Our own writes come back here too; the check they trigger then finds nothing to do.
         async for kind, obj in self.api.watch_forever(SLICES, fieldSelector=self._selector):
             if kind in ("DELETED", "MODIFIED") and _is_ours(obj):
                 if kind == "DELETED":
-                    log.info("ResourceSlice %s was deleted; publishing it again",
-                             obj["metadata"]["name"])  # fmt: skip
+                    log.info(
+                        "ResourceSlice %s was deleted; publishing it again", obj["metadata"]["name"]
+                    )
                 self.trigger()
 
 

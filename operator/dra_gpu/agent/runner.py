@@ -43,8 +43,11 @@ def make_backend(settings: AgentSettings) -> model.Backend:
     assert settings.profile is not None  # checked by AgentSettings
     backend = SimulatedBackend(settings.profile, settings.node_name)
     if not backend.node_in_profile:
-        log.warning("node %s is not in profile %s: publishing no devices",
-                    settings.node_name, settings.profile)  # fmt: skip
+        log.warning(
+            "node %s is not in profile %s: publishing no devices",
+            settings.node_name,
+            settings.profile,
+        )
     return backend
 
 
@@ -61,9 +64,12 @@ async def _run(
     settings: AgentSettings, api: kube.Kube, backend: model.Backend, stopping: asyncio.Event
 ) -> None:
     publisher = SlicePublisher(
-        api, backend, driver=settings.driver_name, node=settings.node_name,
+        api,
+        backend,
+        driver=settings.driver_name,
+        node=settings.node_name,
         resync_seconds=settings.resync_seconds,
-    )  # fmt: skip
+    )
     status_writer = StatusWriter(api, settings.node_name)
     state = DeviceState(
         api=api,
@@ -106,16 +112,19 @@ async def _run(
             settings.health_port,
             healthz=healthz,
             readyz=readyz,
-        ),  # fmt: skip
+        ),
     ):
-        log.info("serving %s on node %s: %s", settings.driver_name, settings.node_name,
-                 settings.dra_socket)  # fmt: skip
+        log.info(
+            "serving %s on node %s: %s",
+            settings.driver_name,
+            settings.node_name,
+            settings.dra_socket,
+        )
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(publisher.run_forever(), name="slice-publisher")
                 tasks.create_task(status_writer.run_forever(), name="status-writer")
-                tasks.create_task(_watch_registration(registration, publisher),
-                                  name="registration")  # fmt: skip
+                tasks.create_task(_watch_registration(registration, publisher), name="registration")
                 tasks.create_task(_stop_on(stopping), name="stop")
         except* _Stop:
             log.info("stopping; slices stay published")
@@ -157,8 +166,15 @@ async def load_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint
             node = events.object_ref(await api.get(f"/api/v1/nodes/{settings.node_name}"))
         except Exception:  # the log line above already says it; the event is best effort
             node = {"apiVersion": "v1", "kind": "Node", "name": settings.node_name}
-        await events.post(api, node, type_="Warning", reason="CheckpointCorrupt", message=message,
-                          component=COMPONENT, host=settings.node_name)  # fmt: skip
+        await events.post(
+            api,
+            node,
+            type_="Warning",
+            reason="CheckpointCorrupt",
+            message=message,
+            component=COMPONENT,
+            host=settings.node_name,
+        )
         return rebuilt
 
 

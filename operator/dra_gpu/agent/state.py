@@ -215,8 +215,11 @@ class DeviceState:
         entries = []
         for alloc in allocated:
             device = devices[alloc.device]
-            data = {"uuid": device.uuid, "productName": device.product_name or "",
-                    "memory": device.memory or ""}  # fmt: skip
+            data = {
+                "uuid": device.uuid,
+                "productName": device.product_name or "",
+                "memory": device.memory or "",
+            }
             entries.append(claims.device_status(self.driver, alloc.pool, alloc.device, data, now))
         return entries
 

@@ -1,11 +1,14 @@
 """dra-gpu's public test kit, in the spirit of ``kopf.testing``.
 
 A real control plane on loopback (``ControlPlane``), the kubelet stand-in that keeps fake nodes
-alive (``KubeletStandIn``), and the background cluster behind ``make cluster-up``.
+alive (``KubeletStandIn``) with its DRA part (``DraSettings``, ``DraStandIn``: plugin
+registration, prepare and unprepare over the real gRPC protocol), and the background cluster
+behind ``make cluster-up``.
 """
 
 from dra_gpu.testing._cluster import ClusterEnv, cluster_down, cluster_up
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
+from dra_gpu.testing._dra import DraSettings, DraStandIn, PreparedClaim, PreparedDevice
 from dra_gpu.testing._kubelet import KubeletStandIn, NodeSpec
 from dra_gpu.testing._waiting import eventually
 
@@ -13,8 +16,12 @@ __all__ = [
     "ClusterEnv",
     "ControlPlane",
     "ControlPlaneError",
+    "DraSettings",
+    "DraStandIn",
     "KubeletStandIn",
     "NodeSpec",
+    "PreparedClaim",
+    "PreparedDevice",
     "cluster_down",
     "cluster_up",
     "default_bin_dir",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -37,6 +38,9 @@ class AgentProcess:
     extra_args: tuple[str, ...] = ()
     health_port: int = 0
     metrics_port: int = 0
+    detached: bool = False
+    """Outlive this process (``make run``): own session, no parent-death signal; the PID is
+    in ``agent.pid`` for ``stop_detached``."""
     _popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -61,7 +65,10 @@ class AgentProcess:
 
     def args(self) -> list[str]:
         args = [
-            sys.executable, "-m", "dra_gpu", "agent",
+            sys.executable,
+            "-m",
+            "dra_gpu",
+            "agent",
             f"--node-name={self.node}",
             f"--driver-name={self.driver}",
             f"--backend={self.backend}",
@@ -73,7 +80,7 @@ class AgentProcess:
             f"--health-port={self.health_port}",
             f"--metrics-port={self.metrics_port}",
             f"--resync-seconds={self.resync_seconds}",
-        ]  # fmt: skip
+        ]
         if self.profile is not None:
             args.append(f"--profile={self.profile}")
         return [*args, *self.extra_args]
@@ -86,9 +93,14 @@ class AgentProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             self._popen = subprocess.Popen(
-                self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                self.args(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=self.detached,
+                preexec_fn=None if self.detached else _die_with_parent,
+            )
+        (self.state_dir / "agent.pid").write_text(str(self._popen.pid))
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -137,3 +149,25 @@ class AgentProcess:
         with contextlib.suppress(Exception):
             self.stop()
         self.start(timeout)
+
+
+def stop_detached(state_dir: Path, timeout: float = 20.0) -> bool:
+    """Stop the detached agent whose state is in ``state_dir``; True if one was running."""
+    pid_file = state_dir / "agent.pid"
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+    return True

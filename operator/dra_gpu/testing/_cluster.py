@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dra_gpu import kube
+from dra_gpu.testing._agent import AgentProcess, stop_detached
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
 from dra_gpu.testing._kubelet import KubeletStandIn
 
@@ -108,8 +109,36 @@ def cluster_up(
     return ClusterEnv.parse(env_file.read_text())
 
 
+def agents_up(state_dir: Path, nodes: Sequence[str], profile: Path) -> list[AgentProcess]:
+    """Start a detached node agent per node (simulated backend), as the chart's DaemonSet
+    would; an agent already running is left alone. ``cluster_down`` stops them."""
+    env = ClusterEnv.parse((state_dir / "env.sh").read_text())
+    started = []
+    for node in nodes:
+        agent_dir = (state_dir / "agents" / node).resolve()
+        stop_detached(agent_dir)
+        agent = AgentProcess(
+            node,
+            env.kubeconfig,
+            env.kubelet_root / node,
+            agent_dir,
+            profile=profile.resolve(),
+            detached=True,
+        )
+        agent.start()
+        started.append(agent)
+    return started
+
+
+def agents_down(state_dir: Path) -> list[str]:
+    """Stop every agent ``agents_up`` started; returns their node names."""
+    agents = state_dir / "agents"
+    return [d.name for d in sorted(agents.iterdir()) if stop_detached(d)] if agents.exists() else []
+
+
 def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
-    """Stop the supervisor of ``state_dir``; True if one was running."""
+    """Stop the agents and the supervisor of ``state_dir``; True if a supervisor was running."""
+    agents_down(state_dir)
     pid = _alive(state_dir / "supervisor.pid")
     if pid is not None:
         os.kill(pid, signal.SIGTERM)

@@ -14,7 +14,9 @@ component does what a kubelet would be seen doing from the API:
 
 It gives each node a kubelet directory, ``<root>/<node>/plugins_registry`` and
 ``<root>/<node>/plugins``, where a DRA plugin registers. Pods *with* claims are left to the DRA
-part of the stand-in, which drives the plugin over its real gRPC protocol.
+part of the stand-in (``_dra.py``, enabled by ``dra=DraSettings(...)``), which drives the plugin
+over its real gRPC protocol and calls back here to run a prepared pod or finish a deletion.
+Without it, pods with claims are never run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu import kube
+from dra_gpu.testing import _dra
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +231,7 @@ class KubeletStandIn:
         lease_seconds: float = 10.0,
         lease_duration_seconds: int = 40,
         ready_timeout: float = 120.0,
+        dra: _dra.DraSettings | None = None,
     ) -> None:
         self.api = api
         self.root = root
@@ -240,6 +244,25 @@ class KubeletStandIn:
         }
         self._tasks: list[asyncio.Task[None]] = []
         self._kubelet_version = ""
+        # --- DRA part (see _dra.py): prepares claims before a pod runs, unprepares on deletion.
+        self._dra = (
+            None
+            if dra is None
+            else _dra.DraStandIn(
+                api,
+                dra,
+                {name: node.kubelet_dir for name, node in self.nodes.items()},
+                run_pod=self._run_pod,
+                finish_deletion=self._finish_deletion,
+            )
+        )
+
+    @property
+    def dra(self) -> _dra.DraStandIn:
+        """The DRA part: registered drivers, prepared claims, CDI edits, restarts."""
+        if self._dra is None:
+            raise RuntimeError("this KubeletStandIn was created without dra=DraSettings(...)")
+        return self._dra
 
     async def __aenter__(self) -> KubeletStandIn:
         await self.start()
@@ -260,6 +283,8 @@ class KubeletStandIn:
             await self._register(node)
             self._spawn(self._heartbeat_forever(node), f"heartbeat-{node.name}")
             self._spawn(self._pods_forever(node), f"pods-{node.name}")
+        if self._dra is not None:
+            await self._dra.start()
         await self.wait_schedulable()
 
     async def stop(self) -> None:
@@ -269,6 +294,8 @@ class KubeletStandIn:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._dra is not None:
+            await self._dra.stop()
 
     def _spawn(self, coro: Any, name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"kubelet-standin-{name}"))
@@ -371,6 +398,11 @@ class KubeletStandIn:
             "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}"
         ):
             pods = obj.get("items", []) if kind == "SYNC" else [obj]
+            if self._dra is not None:  # DRA: claims of vanished pods get unprepared
+                if kind == "SYNC":
+                    self._dra.pods_listed(node.name, pods)
+                elif kind == "DELETED":
+                    self._dra.pod_deleted(node.name, obj)
             if kind == "DELETED":
                 continue
             for pod in pods:
@@ -387,14 +419,31 @@ class KubeletStandIn:
                     )
 
     async def sync_pod(self, node: FakeNode, pod: kube.Body) -> None:
-        meta = pod["metadata"]
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-        if meta.get("deletionTimestamp"):
-            await self.api.delete(path, grace_period_seconds=0, uid=meta["uid"])
+        if self._dra is not None and has_claims(pod):
+            # The DRA part prepares before the pod runs and unprepares before it is deleted;
+            # it calls _run_pod / _finish_deletion itself.
+            self._dra.sync_pod(node.name, pod)
+            return
+        if pod["metadata"].get("deletionTimestamp"):
+            await self._finish_deletion(pod)
             return
         if has_claims(pod):
-            return  # the DRA part of the stand-in prepares claims before a pod may run
+            return  # without the DRA part nobody prepares claims, so the pod never runs
         if pod.get("status", {}).get("phase") == "Pending":
-            await self.api.patch(
-                f"{path}/status", running_pod_status(pod, node.pod_ip(meta["uid"])), "strategic"
-            )
+            await self._run_pod(node.name, pod)
+
+    async def _run_pod(self, node: str, pod: kube.Body) -> None:
+        meta = pod["metadata"]
+        await self.api.patch(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+            running_pod_status(pod, self.nodes[node].pod_ip(meta["uid"])),
+            "strategic",
+        )
+
+    async def _finish_deletion(self, pod: kube.Body) -> None:
+        meta = pod["metadata"]
+        await self.api.delete(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+            grace_period_seconds=0,
+            uid=meta["uid"],
+        )
