@@ -28,7 +28,7 @@ import grpc
 from dra_gpu import files, kube
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_gpu.testing import ControlPlane, KubeletStandIn
+from dra_gpu.testing import ControlPlane, DraSettings, KubeletStandIn
 from dra_gpu.testing._agent import AgentProcess
 
 NODE = "bench-node"
@@ -153,7 +153,7 @@ async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> Non
     )
     async with (
         await kube.Kube.connect(cp.kubeconfig) as api,
-        KubeletStandIn(api, [NODE], work / "kubelet") as kubelet,
+        KubeletStandIn(api, [NODE], work / "kubelet", dra=DraSettings()) as kubelet,
     ):
         agent = AgentProcess(
             NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent", profile=profile

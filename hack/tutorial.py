@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dra_gpu.testing._cluster import agents_down, agents_up
+from dra_gpu.testing import agents_down, agents_up
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "crds-examples"
 PROFILE = EXAMPLES / "profile-tutorial.yaml"
@@ -71,10 +71,9 @@ def pod_event(reason: str, text: str) -> str | None:
 
 def reset(state_dir: Path) -> None:
     step("Clean slate: remove what an earlier run left")
-    stopped = agents_down(state_dir)
-    if stopped:
-        print(f"stopped the node agents of {', '.join(stopped)}")
-    kubectl("delete", "resourceslices", "-l", "app.kubernetes.io/managed-by=dra-gpu")
+    # Workloads go first, while the agents run: a pod that used a GPU only goes once the
+    # driver unprepared its claim (a real kubelet keeps it Terminating until then).
+    agents_up(state_dir, NODES, PROFILE)
     kubectl(
         "delete",
         "deployment/recomendador",
@@ -82,18 +81,20 @@ def reset(state_dir: Path) -> None:
         "--ignore-not-found",
         "--wait=true",
     )
+    wait_for(
+        "the old pods and claims to go",
+        lambda: (
+            not kubectl_json("get", "pods", "-l", "app=recomendador")["items"]
+            and not kubectl_json("get", "resourceclaims")["items"]
+        ),
+    )
+    print("stopped the node agents of", ", ".join(agents_down(state_dir)))
+    kubectl("delete", "resourceslices", "-l", "app.kubernetes.io/managed-by=dra-gpu")
     kubectl(
         "delete",
         "deviceclass/gpu-inferencia",
         "resourceslice/nodo-simulado-gpu",
         "--ignore-not-found",
-    )
-    wait_for(
-        "the old pods and claims to go",
-        lambda: (
-            not kubectl_json("get", "pods,resourceclaims", "-l", "app=recomendador")["items"]
-            and not kubectl_json("get", "resourceclaims")["items"]
-        ),
     )
     kubectl("delete", "events", "--field-selector", "involvedObject.kind=Pod", show=False)
 
@@ -170,7 +171,7 @@ def main() -> int:
     )
     claim = kubectl_json("get", "resourceclaims")["items"][0]
     uid = claim["metadata"]["uid"]
-    spec = state_dir / "agents" / "node-01" / "cdi" / f"k8s.gpu.example.com-gpu_{uid}.json"
+    spec = state_dir / "kubelet" / "node-01" / "cdi" / f"k8s.gpu.example.com-gpu_{uid}.json"
     print(f"{BOLD}$ cat {spec}{RESET}\n{spec.read_text()}")
 
     step("The events in a row, in order")

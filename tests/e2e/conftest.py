@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
-from dra_gpu.testing import ControlPlane, KubeletStandIn, eventually
+from dra_gpu.testing import ControlPlane, DraSettings, KubeletStandIn, eventually
 from tests.e2e import helpers
 from tests.e2e.helpers import Kubectl
 
@@ -44,7 +44,9 @@ async def api(control_plane: ControlPlane) -> AsyncIterator[kube.Kube]:
 async def kubelet(
     api: kube.Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[KubeletStandIn]:
-    async with KubeletStandIn(api, NODES, tmp_path_factory.mktemp("kubelet")) as standin:
+    # The kubelet's DRA behaviour, with shorter retries than the real one so tests stay quick.
+    dra = DraSettings(retry_seconds=1.0, wipe_delay_seconds=30.0)
+    async with KubeletStandIn(api, NODES, tmp_path_factory.mktemp("kubelet"), dra=dra) as standin:
         yield standin
 
 

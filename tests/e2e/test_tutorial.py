@@ -1,9 +1,10 @@
-"""The user's tutorial, steps 1-3, replayed against the real control plane.
+"""The user's tutorial, all four steps, replayed against the real control plane.
 
 It applies the manifests in crds-examples/ exactly as shipped, with the built kubectl, and checks
 what the tutorial tells its reader to look at: the claim generated from the template, the
 scheduler's two FailedScheduling messages, the allocation of gpu-0 (never the 8Gi gpu-1) on
-node-01, and the events in order as ``kubectl get events --sort-by=.lastTimestamp`` prints them.
+node-01, the kubelet's `DRA driver gpu.example.com is not registered` (no driver runs here),
+and the four events in order as ``kubectl get events --sort-by=.lastTimestamp`` prints them.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _when(event: kube.Body) -> str:
     return str(event.get("lastTimestamp") or event.get("eventTime"))
 
 
-async def test_tutorial_steps_1_to_3_allocate_gpu_0_on_node_01(
+async def test_tutorial_without_a_driver_ends_with_driver_not_registered(
     api: kube.Kube,
     kubectl: Kubectl,
     kubelet: KubeletStandIn,
@@ -148,7 +149,22 @@ async def test_tutorial_steps_1_to_3_allocate_gpu_0_on_node_01(
     times = [_when(e) for e in (missing_class, no_devices, scheduled)]
     assert times == sorted(times), times
 
-    # The events in a row, read as the tutorial reads them.
+    # Step 4: no driver runs on node-01, so the kubelet cannot prepare gpu-0.
+    not_registered = await eventually(
+        lambda: _event_with(
+            api, ns, "FailedPrepareDynamicResources", "DRA driver gpu.example.com is not registered"
+        ),
+        what="FailedPrepareDynamicResources: DRA driver gpu.example.com is not registered",
+    )
+    assert not_registered["message"] == (
+        "Failed to prepare dynamic resources: prepare dynamic resources: "
+        "DRA driver gpu.example.com is not registered"
+    )
+    assert not_registered["source"] == {"component": "kubelet", "host": "node-01"}
+    pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{pod_name}")
+    assert pod["status"]["phase"] == "Pending"
+
+    # The four events in a row, read as the tutorial reads them.
     table = await kubectl(
         "get",
         "events",
@@ -166,8 +182,10 @@ async def test_tutorial_steps_1_to_3_allocate_gpu_0_on_node_01(
             "device class gpu-inferencia does not exist",
             "cannot allocate all claims",
             f"Successfully assigned {ns}/{pod_name} to node-01",
+            "DRA driver gpu.example.com is not registered",
         )
     ]
     assert order == sorted(order), f"events out of order:\n{table}"
     assert all("FailedScheduling" in rows[i] for i in order[:2]), table
     assert "Scheduled" in rows[order[2]], table
+    assert "FailedPrepareDynamicResources" in rows[order[3]], table

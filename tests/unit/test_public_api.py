@@ -6,6 +6,7 @@ import dra_gpu.testing
 def test_testing_kit_exports_exactly_its_public_names() -> None:
     public = {n for n in dir(dra_gpu.testing) if not n.startswith("_")}
     assert set(dra_gpu.testing.__all__) == {
+        "AgentProcess",
         "ClusterEnv",
         "ControlPlane",
         "ControlPlaneError",
@@ -15,6 +16,8 @@ def test_testing_kit_exports_exactly_its_public_names() -> None:
         "NodeSpec",
         "PreparedClaim",
         "PreparedDevice",
+        "agents_down",
+        "agents_up",
         "cluster_down",
         "cluster_up",
         "default_bin_dir",

@@ -66,7 +66,12 @@ class SlicePublisher:
         """Check the slices now (after a registration, a watch event, a test)."""
         self._wake.set()
 
-    async def run_forever(self) -> NoReturn:
+    async def run_forever(self, start: asyncio.Event | None = None) -> NoReturn:
+        """Publish and keep publishing, once ``start`` is set (the kubelet registered us:
+        devices published before that could be allocated to pods nobody can prepare)."""
+        if start is not None and not start.is_set():
+            log.info("waiting for the kubelet to register the plugin before publishing")
+            await start.wait()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._watch_forever(), name="slice-watch")
             while True:
@@ -95,7 +100,9 @@ class SlicePublisher:
         if not self._needs_update(ours, wanted, node_uid):
             self.published_generation = _generation(ours[0])
             return False
-        generation = max((_generation(s) for s in pool), default=0) + 1
+        # Above every slice of the pool and above what we published before: a pool whose
+        # slices were all deleted must not come back at a generation consumers already saw.
+        generation = max([*(_generation(s) for s in pool), self.published_generation or 0]) + 1
         wanted = slices.build_slices(
             self.node, node_uid, self.driver, inventory.devices, generation
         )

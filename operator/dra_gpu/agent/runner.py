@@ -4,7 +4,9 @@
    Event on the Node, and rebuilt from the API server and the CDI directory), CDI directory
    repaired from the checkpoint.
 2. gRPC servers: DRA socket, then registration socket (the kubelet dials as soon as it sees it).
-3. Long-lived tasks in one TaskGroup: slice publisher, status writer, health and metrics
+3. Long-lived tasks in one TaskGroup: slice publisher (from the moment the kubelet accepts
+   the registration, so no pod is ever scheduled onto devices nobody can prepare), status
+   writer, health and metrics
    listeners, and a watch on the registration status. A crash in one stops the agent instead
    of leaving it half alive; Kubernetes restarts it and the checkpoint carries the state.
 
@@ -122,7 +124,9 @@ async def _run(
         )
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(publisher.run_forever(), name="slice-publisher")
+                tasks.create_task(
+                    publisher.run_forever(registration.accepted), name="slice-publisher"
+                )
                 tasks.create_task(status_writer.run_forever(), name="status-writer")
                 tasks.create_task(_watch_registration(registration, publisher), name="registration")
                 tasks.create_task(_stop_on(stopping), name="stop")

@@ -104,6 +104,8 @@ class RegistrationStatus:
     """None until the kubelet called NotifyRegistrationStatus."""
     error: str = ""
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    accepted: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set once the kubelet accepted us: devices are usable from then on."""
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
@@ -124,6 +126,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self.status.error = request.error
         self.status.changed.set()
         if request.plugin_registered:
+            self.status.accepted.set()
             log.info("registered with the kubelet as %s", self.info.name)
         else:
             log.error("the kubelet refused the registration: %s", request.error)

@@ -2,17 +2,19 @@
 
 A real control plane on loopback (``ControlPlane``), the kubelet stand-in that keeps fake nodes
 alive (``KubeletStandIn``) with its DRA part (``DraSettings``, ``DraStandIn``: plugin
-registration, prepare and unprepare over the real gRPC protocol), and the background cluster
-behind ``make cluster-up``.
+registration, prepare and unprepare over the real gRPC protocol), the node agent as a real
+process (``AgentProcess``), and the background cluster behind ``make cluster-up``.
 """
 
-from dra_gpu.testing._cluster import ClusterEnv, cluster_down, cluster_up
+from dra_gpu.testing._agent import AgentProcess
+from dra_gpu.testing._cluster import ClusterEnv, agents_down, agents_up, cluster_down, cluster_up
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
 from dra_gpu.testing._dra import DraSettings, DraStandIn, PreparedClaim, PreparedDevice
 from dra_gpu.testing._kubelet import KubeletStandIn, NodeSpec
 from dra_gpu.testing._waiting import eventually
 
 __all__ = [
+    "AgentProcess",
     "ClusterEnv",
     "ControlPlane",
     "ControlPlaneError",
@@ -22,6 +24,8 @@ __all__ = [
     "NodeSpec",
     "PreparedClaim",
     "PreparedDevice",
+    "agents_down",
+    "agents_up",
     "cluster_down",
     "cluster_up",
     "default_bin_dir",

@@ -7,6 +7,7 @@ of its own, so tests can kill it with SIGKILL, restart it, and look at the files
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -86,6 +87,16 @@ class AgentProcess:
         return [*args, *self.extra_args]
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start and wait, blocking; from async code use ``astart`` (a stand-in kubelet on
+        the same event loop has to register the agent before it becomes ready)."""
+        self.spawn()
+        self.wait_ready(timeout)
+
+    async def astart(self, ready_within: float = 60.0) -> None:
+        self.spawn()
+        await asyncio.to_thread(self.wait_ready, ready_within)
+
+    def spawn(self) -> None:
         if not self.health_port:
             self.health_port = free_port()
         if not self.metrics_port:
@@ -101,7 +112,6 @@ class AgentProcess:
                 preexec_fn=None if self.detached else _die_with_parent,
             )
         (self.state_dir / "agent.pid").write_text(str(self._popen.pid))
-        self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

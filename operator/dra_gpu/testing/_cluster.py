@@ -23,6 +23,7 @@ from pathlib import Path
 from dra_gpu import kube
 from dra_gpu.testing._agent import AgentProcess, stop_detached
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
+from dra_gpu.testing._dra import DraSettings
 from dra_gpu.testing._kubelet import KubeletStandIn
 
 DEFAULT_NODES = ("node-01", "node-02", "node-03")
@@ -111,19 +112,16 @@ def cluster_up(
 
 def agents_up(state_dir: Path, nodes: Sequence[str], profile: Path) -> list[AgentProcess]:
     """Start a detached node agent per node (simulated backend), as the chart's DaemonSet
-    would; an agent already running is left alone. ``cluster_down`` stops them."""
+    would, restarting one that runs. Each keeps its files beside the node's kubelet directory,
+    as on a host: ``<kubelet root>/<node>/cdi``, ``.../checkpoint``, ``.../agent.log``.
+    ``cluster_down`` stops them."""
     env = ClusterEnv.parse((state_dir / "env.sh").read_text())
     started = []
     for node in nodes:
-        agent_dir = (state_dir / "agents" / node).resolve()
-        stop_detached(agent_dir)
+        node_dir = env.kubelet_root / node
+        stop_detached(node_dir)
         agent = AgentProcess(
-            node,
-            env.kubeconfig,
-            env.kubelet_root / node,
-            agent_dir,
-            profile=profile.resolve(),
-            detached=True,
+            node, env.kubeconfig, node_dir, node_dir, profile=profile.resolve(), detached=True
         )
         agent.start()
         started.append(agent)
@@ -132,8 +130,9 @@ def agents_up(state_dir: Path, nodes: Sequence[str], profile: Path) -> list[Agen
 
 def agents_down(state_dir: Path) -> list[str]:
     """Stop every agent ``agents_up`` started; returns their node names."""
-    agents = state_dir / "agents"
-    return [d.name for d in sorted(agents.iterdir()) if stop_detached(d)] if agents.exists() else []
+    root = state_dir / "kubelet"
+    nodes = sorted(root.iterdir()) if root.exists() else []
+    return [d.name for d in nodes if stop_detached(d)]
 
 
 def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
@@ -172,7 +171,7 @@ async def _serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
         kubelet_root = state_dir / "kubelet"
         async with (
             await kube.Kube.connect(cp.kubeconfig) as api,
-            KubeletStandIn(api, nodes, kubelet_root),
+            KubeletStandIn(api, nodes, kubelet_root, dra=DraSettings()),
         ):
             tmp = state_dir / "env.sh.tmp"
             tmp.write_text(ClusterEnv(cp.kubeconfig, kubelet_root, cp.bin_dir).exports())

@@ -1,0 +1,336 @@
+"""The node agent as a real process, with the real control plane and the kubelet stand-in.
+
+Every agent runs as ``python -m dra_gpu agent`` (the chart's command) against the session's
+stand-in nodes; its CDI and checkpoint directories sit beside the node's kubelet directory, as
+the chart's host paths do. Each test stops its agents and removes their slices afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest_asyncio
+
+from dra_gpu import cdi, checkpoint, kube, slices
+from dra_gpu.proto.dra.v1 import api_pb2 as v1
+from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
+from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
+from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
+from tests.e2e.helpers import EXAMPLES, Kubectl, events_of
+
+DRIVER = "gpu.example.com"
+RESOURCE = "/apis/resource.k8s.io/v1"
+TUTORIAL_PROFILE = EXAMPLES / "profile-tutorial.yaml"
+AgentFactory = Callable[..., Awaitable[AgentProcess]]
+
+
+@pytest_asyncio.fixture
+async def start_agent(
+    control_plane: ControlPlane, kubelet: KubeletStandIn, api: kube.Kube
+) -> AsyncIterator[AgentFactory]:
+    agents: list[AgentProcess] = []
+
+    async def start(node: str, profile: Path = TUTORIAL_PROFILE, **options: object) -> AgentProcess:
+        node_dir = kubelet.kubelet_dir(node)
+        agent = AgentProcess(
+            node, control_plane.kubeconfig, node_dir, node_dir, profile=profile, **options
+        )  # type: ignore[arg-type]
+        agents.append(agent)
+        await agent.astart()
+        return agent
+
+    yield start
+    for agent in agents:
+        agent.stop()
+        for path in (agent.checkpoint_file, *agent.cdi_dir.glob("*.json")):
+            path.unlink(missing_ok=True)
+    listing = await api.get(
+        f"{RESOURCE}/resourceslices",
+        labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
+    )
+    for item in listing["items"]:
+        await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+
+
+@pytest_asyncio.fixture
+async def tutorial_class(api: kube.Kube, kubectl: Kubectl) -> AsyncIterator[None]:
+    yield
+    await api.delete(f"{RESOURCE}/deviceclasses/gpu-inferencia")
+
+
+async def node_slices(api: kube.Kube, node: str) -> list[kube.Body]:
+    listing = await api.get(
+        f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER},spec.nodeName={node}"
+    )
+    items: list[kube.Body] = listing["items"]
+    return items
+
+
+async def only_claim(api: kube.Kube, ns: str) -> kube.Body | None:
+    items = (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"]
+    return items[0] if len(items) == 1 else None
+
+
+async def running_pod(api: kube.Kube, ns: str) -> kube.Body | None:
+    pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    return running[0] if running else None
+
+
+async def pod_warning(api: kube.Kube, ns: str, reason: str, text: str) -> kube.Body | None:
+    for event in await events_of(api, ns):
+        if event.get("reason") == reason and text in event.get("message", ""):
+            return event
+    return None
+
+
+async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
+    api: kube.Kube,
+    kubectl: Kubectl,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    start_agent: AgentFactory,
+    tutorial_class: None,
+) -> None:
+    ns = namespace
+    # Without a driver: class missing, then (with the class) nothing to allocate.
+    await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "recomendador.yaml"))
+    await eventually(
+        lambda: pod_warning(api, ns, "FailedScheduling", "device class gpu-inferencia does not"),
+        what="class missing",
+    )
+    await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
+    await eventually(
+        lambda: pod_warning(api, ns, "FailedScheduling", "cannot allocate all claims"),
+        what="no devices",
+    )
+
+    # The driver instead of a hand-made slice.
+    agents = [await start_agent(node) for node in ("node-01", "node-02", "node-03")]
+    assert await kubelet.dra.wait_registered("node-01", DRIVER) == "v1.DRAPlugin"
+    published = await eventually(lambda: node_slices(api, "node-01"), what="node-01's slice")
+    assert [d["name"] for d in published[0]["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+    assert await eventually(lambda: node_slices(api, "node-02"), what="node-02's (empty) pool")
+
+    pod = await eventually(lambda: running_pod(api, ns), what="the pod Running")
+    assert pod["spec"]["nodeName"] == "node-01"
+    claim = await only_claim(api, ns)
+    assert claim is not None
+    uid = claim["metadata"]["uid"]
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    assert (result["pool"], result["device"]) == ("node-01", "gpu-0")
+
+    # What the container gets, through the CDI spec the agent wrote.
+    env = kubelet.dra.container_env(ns, pod["metadata"]["name"], "recomendador")
+    assert env["GPU_DEVICE_0"] == "gpu-0"
+    spec_file = agents[0].cdi_dir / cdi.spec_file_name(DRIVER, uid)
+    spec = json.loads(spec_file.read_text())
+    assert [d["name"] for d in spec["devices"]] == [cdi.cdi_device_name(uid, "gpu-0")]
+    assert uid in checkpoint.read_checkpoint(agents[0].checkpoint_file).claims
+
+    async def device_status() -> list[kube.Body]:
+        claim = await only_claim(api, ns)
+        return (claim or {}).get("status", {}).get("devices", [])
+
+    entries = await eventually(device_status, what="status.devices written")
+    assert [(e["driver"], e["pool"], e["device"]) for e in entries] == [
+        (DRIVER, "node-01", "gpu-0")
+    ]
+    assert entries[0]["conditions"][0]["type"] == "Ready"
+    assert entries[0]["conditions"][0]["status"] == "True"
+    assert entries[0]["data"]["memory"] == "24Gi"
+    assert not await pod_warning(api, ns, "FailedPrepareDynamicResources", "")
+
+    # Deleting the Deployment unprepares: spec and checkpoint entry gone, claim gone.
+    await kubectl("delete", "-n", ns, "deployment/recomendador")
+    await eventually(lambda: nothing_left(api, ns), what="pod and claim gone")
+    assert not spec_file.exists()
+    assert uid not in checkpoint.read_checkpoint(agents[0].checkpoint_file).claims
+    assert 'dra_gpu_prepare_claims_total{result="success"} 1.0' in agents[0].metrics()
+
+
+async def nothing_left(api: kube.Kube, ns: str) -> bool:
+    pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+    claims = (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"]
+    return not pods and not claims
+
+
+# --- a pod with one claim, without the tutorial's template ------------------------------------
+
+
+@pytest_asyncio.fixture
+async def any_gpu_class(api: kube.Kube) -> AsyncIterator[str]:
+    name = "dra-gpu-test-any"
+    await api.create(
+        f"{RESOURCE}/deviceclasses",
+        {
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        },
+    )
+    yield name
+    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+
+
+async def claim_and_pod(
+    api: kube.Kube, ns: str, device_class: str, node: str, config: object = None
+) -> tuple[kube.Body, kube.Body]:
+    devices: kube.Body = {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
+    }
+    if config is not None:
+        devices["config"] = [{"opaque": {"driver": DRIVER, "parameters": config}}]
+    claim = await api.create(
+        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {"devices": devices},
+        },
+    )
+    pod = await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": "worker"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.example/cuda:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        },
+    )
+    return claim, pod
+
+
+def dra_socket(kubelet: KubeletStandIn, node: str) -> str:
+    return f"unix://{kubelet.kubelet_dir(node)}/plugins/{DRIVER}/dra.sock"
+
+
+async def test_prepare_repeats_the_same_answer_over_v1_and_v1beta1(
+    api: kube.Kube,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    start_agent: AgentFactory,
+    any_gpu_class: str,
+) -> None:
+    await start_agent("node-01")
+    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
+    await eventually(lambda: running_pod(api, namespace), what="pod Running")
+    uid = claim["metadata"]["uid"]
+    recorded = kubelet.dra.prepared_claims("node-01")[uid].devices
+    request = [v1.Claim(namespace=namespace, name="gpu", uid=uid)]
+    async with grpc.aio.insecure_channel(dra_socket(kubelet, "node-01")) as channel:
+        first = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=request)
+        )
+        again = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=request)
+        )
+        beta = await v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1beta1.NodePrepareResourcesRequest(
+                claims=[v1beta1.Claim(namespace=namespace, name="gpu", uid=uid)]
+            )
+        )
+    assert first == again
+    assert first.SerializeToString() == beta.SerializeToString()
+    (device,) = first.claims[uid].devices
+    assert (device.pool_name, list(device.request_names)) == ("node-01", ["gpu"])
+    assert list(device.cdi_device_ids) == list(recorded[0].cdi_device_ids)
+    assert list(device.cdi_device_ids) == [cdi.cdi_device_id(DRIVER, uid, device.device_name)]
+
+
+async def test_a_killed_agent_restarts_from_its_checkpoint_and_unprepare_still_works(
+    api: kube.Kube,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    start_agent: AgentFactory,
+    any_gpu_class: str,
+) -> None:
+    agent = await start_agent("node-01")
+    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
+    await eventually(lambda: running_pod(api, namespace), what="pod Running")
+    uid = claim["metadata"]["uid"]
+    spec_file = agent.cdi_dir / cdi.spec_file_name(DRIVER, uid)
+    assert spec_file.exists()
+
+    agent.kill()  # SIGKILL: no cleanup at all; the sockets stay behind
+    spec_file.unlink()  # and a reboot emptied the tmpfs CDI directory meanwhile
+    await agent.astart()
+    assert spec_file.exists(), "the restarted agent re-created the spec from its checkpoint"
+    assert uid in checkpoint.read_checkpoint(agent.checkpoint_file).claims
+
+    await api.delete(f"/api/v1/namespaces/{namespace}/pods/worker")
+    await eventually(lambda: nothing_left_but_claim(api, namespace), what="pod gone")
+    assert not spec_file.exists()
+    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
+    assert list(agent.cdi_dir.glob("*.json")) == []
+
+
+async def nothing_left_but_claim(api: kube.Kube, ns: str) -> bool:
+    return not (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+
+
+async def test_malformed_opaque_config_reaches_the_pods_events_naming_the_field(
+    api: kube.Kube, namespace: str, start_agent: AgentFactory, any_gpu_class: str
+) -> None:
+    await start_agent("node-01")
+    config = {
+        "apiVersion": "gpu.dra-gpu.io/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS"},
+    }
+    await claim_and_pod(api, namespace, any_gpu_class, "node-01", config)
+    event = await eventually(
+        lambda: pod_warning(api, namespace, "FailedPrepareDynamicResources", "sharing.strategy"),
+        what="the prepare error on the pod",
+    )
+    assert "NodePrepareResources failed for ResourceClaim gpu: " in event["message"]
+    assert (
+        "ResourceClaim config[0].opaque.parameters.sharing.strategy: 'MPS' is not one of "
+        "Exclusive, TimeSlicing" in event["message"]
+    )
+    assert await running_pod(api, namespace) is None
+
+
+async def test_200_devices_become_one_consistent_pool_of_two_slices(
+    api: kube.Kube, kubelet: KubeletStandIn, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    profile = tmp_path / "big.yaml"
+    profile.write_text("nodes:\n  node-03:\n    devices:\n    - count: 200\n      memory: 16Gi\n")
+    await start_agent("node-03", profile)
+
+    async def two_slices() -> list[kube.Body]:
+        found = await node_slices(api, "node-03")
+        return found if len(found) == 2 else []
+
+    pool = await eventually(two_slices, what="two slices for node-03")
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in pool} == {2}
+    assert len({s["spec"]["pool"]["generation"] for s in pool}) == 1
+    names = [d["name"] for s in pool for d in s["spec"]["devices"]]
+    assert sorted(len(s["spec"]["devices"]) for s in pool) == [72, 128]
+    assert len(set(names)) == 200
+    assert all(s["metadata"]["ownerReferences"][0]["kind"] == "Node" for s in pool)
+
+
+async def test_a_slice_deleted_by_hand_is_published_again(
+    api: kube.Kube, start_agent: AgentFactory
+) -> None:
+    await start_agent("node-02", resync_seconds=300)  # the watch, not the resync, must notice
+    (first,) = await eventually(lambda: node_slices(api, "node-02"), what="node-02's slice")
+    await api.delete(f"{RESOURCE}/resourceslices/{first['metadata']['name']}")
+
+    async def republished() -> list[kube.Body]:
+        found = await node_slices(api, "node-02")
+        return [s for s in found if s["metadata"]["uid"] != first["metadata"]["uid"]]
+
+    (again,) = await eventually(republished, what="node-02's slice again")
+    assert again["spec"]["pool"]["generation"] > first["spec"]["pool"]["generation"]
