@@ -48,8 +48,15 @@ unit: venv
 e2e: venv kubebins
 	$(BIN)/pytest tests/e2e
 
-bench: venv kubebins
-	$(BIN)/python benchmarks/bench_prepare.py
+# pydra (the only other Python DRA driver) is measured beside ours, from a venv of its own.
+PYDRA_VENV := .run/pydra-venv
+$(PYDRA_VENV)/.installed:
+	$(PYTHON) -m venv $(PYDRA_VENV)
+	$(PYDRA_VENV)/bin/pip install --quiet kubernetes-pydra==0.1.0
+	touch $@
+
+bench: venv kubebins $(PYDRA_VENV)/.installed
+	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python
 
 cluster-up: venv kubebins
 	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR)

@@ -9,14 +9,18 @@ over the agent's unix socket:
 - ``--in-flight`` claims at once (one RPC per claim, all started together).
 
 The floor is what no implementation can avoid: one GET of the claim plus one atomic file write,
-measured in this process with the same HTTP client. Prints a table and ``BENCH <name> <value>
-<unit>`` lines; asserts nothing.
+measured in this process with the same HTTP client. With ``--pydra-python`` (an interpreter
+that has the ``kubernetes-pydra`` package; ``make bench`` makes one) the same calls go to
+pydra's TPU plugin too, the only other Python DRA driver: it answers without reading the claim
+and writes its spec with a plain ``open()``, so it is a lower bound rather than a peer. Prints a
+table and ``BENCH <name> <value> <unit>`` lines; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -146,7 +150,43 @@ async def floor(api: kube.Kube, claims: list[v1.Claim], directory: Path) -> list
     return timings
 
 
-async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> None:
+PYDRA_SERVER = """
+import asyncio, sys
+from pydra.plugins.tpu.driver import TpuDraPlugin
+asyncio.run(TpuDraPlugin(socket_path=sys.argv[1], cdi_dir=sys.argv[2]).serve())
+"""
+
+
+async def pydra(python: str, work: Path, claims: list[v1.Claim]) -> dict[str, list[float]]:
+    socket = work / "pydra" / "dra.sock"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}  # it publishes nothing
+    server = await asyncio.create_subprocess_exec(
+        python,
+        "-c",
+        PYDRA_SERVER,
+        str(socket),
+        str(work / "pydra" / "cdi"),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            if socket.exists():
+                break
+            await asyncio.sleep(0.1)
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = v1_grpc.DRAPluginStub(channel)
+            await one_at_a_time(stub, claims[:5])
+            return await one_at_a_time(stub, claims)
+    finally:
+        server.terminate()
+        await server.wait()
+
+
+async def run(
+    cp: ControlPlane, work: Path, rounds: int, concurrent: int, pydra_python: str | None
+) -> None:
     profile = work / "profile.yaml"
     profile.write_text(
         f"nodes:\n  {NODE}:\n    devices:\n    - count: {DEVICES}\n      memory: 80Gi\n"
@@ -158,7 +198,7 @@ async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> Non
         agent = AgentProcess(
             NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent", profile=profile
         )
-        agent.start()
+        await agent.astart()
         try:
             await api.create("/api/v1/namespaces", {"metadata": {"name": "bench"}})
             claims = await make_claims(api, "bench", max(rounds, concurrent))
@@ -170,6 +210,7 @@ async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> Non
                 sequential = await one_at_a_time(stub, claims[:rounds])
                 parallel = await in_flight(stub, claims[:concurrent])
             floor_times = await floor(api, claims[:rounds], work / "floor")
+            peer = await pydra(pydra_python, work, claims[:rounds]) if pydra_python else None
         finally:
             agent.stop()
     print(
@@ -183,9 +224,15 @@ async def run(cp: ControlPlane, work: Path, rounds: int, concurrent: int) -> Non
     report("prepare_plus_unprepare_one_at_a_time", sequential["both"])
     report(f"prepare_{concurrent}_in_flight", parallel["prepare"])
     report(f"unprepare_{concurrent}_in_flight", parallel["unprepare"])
+    if peer is not None:
+        pydra_p50, _ = report("pydra_tpu_prepare_one_at_a_time", peer["prepare"])
+        report("pydra_tpu_prepare_plus_unprepare_one_at_a_time", peer["both"])
     ratio = prepare_p50 / floor_p50
     print(f"\nprepare p50 / floor p50 = {ratio:.2f} (goal <= 1.5)")
     print(f"BENCH prepare_p50_over_floor_p50 {ratio:.3f} ratio")
+    if peer is not None:
+        print(f"prepare p50 / pydra prepare p50 = {prepare_p50 / pydra_p50:.2f}")
+        print(f"BENCH prepare_p50_over_pydra_p50 {prepare_p50 / pydra_p50:.3f} ratio")
     print(f"BENCH floor_mean {statistics.mean(floor_times) * 1000:.3f} ms")
 
 
@@ -193,10 +240,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--in-flight", type=int, default=100)
+    parser.add_argument("--pydra-python", help="interpreter with kubernetes-pydra installed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, ControlPlane() as cp:
         (Path(tmp) / "floor").mkdir()
-        asyncio.run(run(cp, Path(tmp), args.rounds, args.in_flight))
+        asyncio.run(run(cp, Path(tmp), args.rounds, args.in_flight, args.pydra_python))
     return 0
 
 
