@@ -30,8 +30,10 @@ AgentFactory = Callable[..., Awaitable[AgentProcess]]
 
 @pytest_asyncio.fixture
 async def start_agent(
-    control_plane: ControlPlane, kubelet: KubeletStandIn, api: kube.Kube
+    control_plane: ControlPlane, kubelet: KubeletStandIn, api: kube.Kube, namespace: str
 ) -> AsyncIterator[AgentFactory]:
+    """Starts agents; afterwards deletes the test's pods while the agents still run (a pod
+    whose claim was prepared only goes once the driver unprepared it), then stops them."""
     agents: list[AgentProcess] = []
 
     async def start(node: str, profile: Path = TUTORIAL_PROFILE, **options: object) -> AgentProcess:
@@ -44,6 +46,8 @@ async def start_agent(
         return agent
 
     yield start
+    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
+    await eventually(lambda: nothing_left_but_claim(api, namespace), what="test pods gone")
     for agent in agents:
         agent.stop()
         for path in (agent.checkpoint_file, *agent.cdi_dir.glob("*.json")):
@@ -334,3 +338,33 @@ async def test_a_slice_deleted_by_hand_is_published_again(
 
     (again,) = await eventually(republished, what="node-02's slice again")
     assert again["spec"]["pool"]["generation"] > first["spec"]["pool"]["generation"]
+
+
+async def test_a_corrupt_checkpoint_is_kept_aside_reported_and_the_agent_serves(
+    api: kube.Kube, kubelet: KubeletStandIn, start_agent: AgentFactory
+) -> None:
+    node_dir = kubelet.kubelet_dir("node-02")
+    bad = node_dir / "checkpoint" / "checkpoint.json"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_text('{"version": "v1", "checksum": "00", "data": {"claims": [')  # truncated
+    agent = await start_agent("node-02")
+
+    kept = list(bad.parent.glob("checkpoint.json.corrupt-*"))
+    assert len(kept) == 1
+    assert kept[0].read_text().endswith('"claims": [')
+    assert checkpoint.read_checkpoint(bad).claims == {}
+    assert "dra_gpu_checkpoint_corruptions_total 1.0" in agent.metrics()
+
+    async def reported() -> kube.Body | None:
+        listing = await api.get(
+            "/api/v1/namespaces/default/events",
+            fieldSelector="involvedObject.kind=Node,involvedObject.name=node-02",
+        )
+        found = [e for e in listing["items"] if e["reason"] == "CheckpointCorrupt"]
+        return found[-1] if found else None
+
+    event = await eventually(reported, what="CheckpointCorrupt event on node-02")
+    assert event["type"] == "Warning"
+    assert f"checkpoint {bad} is corrupt" in event["message"]
+    assert kept[0].name in event["message"]
+    kept[0].unlink()

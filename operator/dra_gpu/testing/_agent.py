@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from dra_gpu import DEFAULT_DRIVER_NAME
-from dra_gpu.testing._control_plane import _die_with_parent, _tail, free_port
+from dra_gpu.testing._control_plane import _tail, dying_with_parent, free_port
 
 
 @dataclasses.dataclass
@@ -104,12 +104,11 @@ class AgentProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             self._popen = subprocess.Popen(
-                self.args(),
+                self.args() if self.detached else dying_with_parent(self.args()),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=self.detached,
-                preexec_fn=None if self.detached else _die_with_parent,
             )
         (self.state_dir / "agent.pid").write_text(str(self._popen.pid))
 

@@ -10,7 +10,6 @@ reverse start order. Nothing here listens on anything but 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
@@ -20,6 +19,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -30,7 +30,6 @@ from types import TracebackType
 DEFAULT_K8S_VERSION = "v1.34.4"
 SERVICE_CIDR = "10.0.0.0/24"
 FIRST_SERVICE_IP = "10.0.0.1"
-_PR_SET_PDEATHSIG = 1
 
 
 class ControlPlaneError(RuntimeError):
@@ -51,11 +50,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: SIGKILL it when the parent thread exits, so a
-    # killed test run or `make cluster-up` supervisor never leaves a control plane behind.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so the process gets SIGKILL when this one exits (``_pdeathsig.py``):
+    a killed test run or ``make cluster-up`` supervisor never leaves a process behind."""
+    launcher = str(Path(__file__).with_name("_pdeathsig.py"))
+    return [sys.executable, launcher, str(os.getpid()), *argv]
 
 
 @dataclasses.dataclass
@@ -189,12 +188,11 @@ class ControlPlane:
         log = self.logs_dir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [str(self.binary(name)), *args],
+                dying_with_parent([str(self.binary(name)), *args]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.workdir,
-                preexec_fn=_die_with_parent,
             )
         proc = _Process(name, popen, log)
         self._processes.append(proc)

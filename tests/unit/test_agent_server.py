@@ -1,0 +1,56 @@
+"""The agent's gRPC servers on real unix sockets: what the kubelet's plugin watcher sees."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import grpc
+
+from dra_gpu.agent import server
+from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
+from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from tests.unit.test_agent_state import state
+
+
+async def test_registration_advertises_v1_first_and_health_follows_the_servers(
+    tmp_path: Path,
+) -> None:
+    dra_socket = tmp_path / "plugins" / "gpu.example.com" / "dra.sock"
+    reg_socket = tmp_path / "plugins_registry" / "gpu.example.com-reg.sock"
+    status = server.RegistrationStatus()
+    async with server.serve(
+        state(tmp_path),
+        driver="gpu.example.com",
+        dra_socket=dra_socket,
+        registration_socket=reg_socket,
+        status=status,
+    ):
+        async with grpc.aio.insecure_channel(f"unix://{reg_socket}") as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            info = await stub.GetInfo(reg.InfoRequest(), timeout=1)
+            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
+        assert (info.type, info.name, info.endpoint) == (
+            "DRAPlugin",
+            "gpu.example.com",
+            str(dra_socket),
+        )
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert status.accepted.is_set()
+        for socket in (dra_socket, reg_socket):
+            mode = stat.S_IMODE(socket.stat().st_mode)
+            assert mode & 0o007 == 0, f"{socket} is open to others: {oct(mode)}"
+        assert await server.answers(reg_socket, dra_socket)
+    assert not reg_socket.exists()
+    assert not dra_socket.exists()
+    assert not await server.answers(reg_socket, dra_socket)
+
+
+async def test_a_refused_registration_is_recorded_with_the_kubelets_reason(tmp_path: Path) -> None:
+    status = server.RegistrationStatus()
+    servicer = server.RegistrationServicer("gpu.example.com", tmp_path / "dra.sock", status)
+    await servicer.NotifyRegistrationStatus(
+        reg.RegistrationStatus(plugin_registered=False, error="version mismatch"), None
+    )
+    assert (status.registered, status.error) == (False, "version mismatch")
+    assert not status.accepted.is_set()

@@ -1,0 +1,105 @@
+"""DeviceState without the API: recovery of the CDI directory from the checkpoint, unprepare of
+claims it never prepared, and group-committed checkpoint writes. Real files under tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from dra_gpu import cdi, checkpoint
+from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.state import DeviceState, StatusSink
+
+DRIVER = "gpu.example.com"
+
+
+class RecordingSink(StatusSink):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        self.calls.append((ref.uid, entries))
+
+
+def state(tmp_path: Path, sink: StatusSink | None = None) -> DeviceState:
+    async def no_inventory(fresh: bool) -> Any:
+        raise AssertionError("not needed here")
+
+    return DeviceState(
+        api=None,  # type: ignore[arg-type]  # these paths never reach the API
+        driver=DRIVER,
+        node="node-01",
+        backend_kind="simulated",
+        cdi_dir=tmp_path / "cdi",
+        checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
+        inventory=no_inventory,
+        status=sink or RecordingSink(),
+    )
+
+
+def prepared(uid: str) -> checkpoint.PreparedClaim:
+    spec = cdi.claim_spec(DRIVER, uid, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
+    device = checkpoint.PreparedDevice(
+        ("gpu",), "node-01", "gpu-0", (cdi.cdi_device_id(DRIVER, uid, "gpu-0"),)
+    )
+    return checkpoint.PreparedClaim(uid, "ns", f"claim-{uid}", (device,), spec)
+
+
+async def test_recover_rewrites_lost_specs_and_deletes_unrecorded_ones(tmp_path: Path) -> None:
+    agent = state(tmp_path)
+    agent.load(checkpoint.Checkpoint({"u1": prepared("u1")}))
+    leaked = prepared("u2")
+    assert leaked.cdi_spec is not None
+    cdi.write_claim_spec(tmp_path / "cdi", leaked.cdi_spec, claim_uid="u2")
+
+    repaired = await agent.recover()
+
+    assert repaired == [
+        "deleted CDI spec of unrecorded claim u2",
+        "re-wrote CDI spec of claim ns/claim-u1",
+    ]
+    assert set(cdi.list_claim_specs(tmp_path / "cdi", DRIVER)) == {"u1"}
+    assert await agent.recover() == []
+
+
+async def test_prepare_of_a_recorded_claim_answers_from_the_checkpoint(tmp_path: Path) -> None:
+    agent = state(tmp_path)
+    record = prepared("u1")
+    agent.load(checkpoint.Checkpoint({"u1": record}))
+    assert await agent.prepare(ClaimRef("ns", "claim-u1", ClaimUID("u1"))) == record
+    # ... and a spec lost in a reboot is written again on the way.
+    assert (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, "u1")).exists()
+
+
+async def test_unprepare_of_an_unknown_claim_succeeds_and_removes_a_stray_spec(
+    tmp_path: Path,
+) -> None:
+    sink = RecordingSink()
+    agent = state(tmp_path, sink)
+    stray = prepared("u9").cdi_spec
+    assert stray is not None
+    cdi.write_claim_spec(tmp_path / "cdi", stray, claim_uid="u9")
+    ref = ClaimRef("ns", "gone", ClaimUID("u9"))
+    assert await agent.unprepare(ref) is None
+    assert await agent.unprepare(ref) is None
+    assert cdi.list_claim_specs(tmp_path / "cdi", DRIVER) == {}
+    assert sink.calls == []  # nothing of ours was ever in its status
+
+
+async def test_concurrent_unprepares_share_checkpoint_writes_and_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    sink = RecordingSink()
+    agent = state(tmp_path, sink)
+    uids = [f"u{i}" for i in range(50)]
+    agent.load(checkpoint.Checkpoint({uid: prepared(uid) for uid in uids}))
+    keep = uids[:10]
+    results = await asyncio.gather(
+        *(agent.unprepare(ClaimRef("ns", f"claim-{u}", ClaimUID(u))) for u in uids[10:])
+    )
+    assert results == [None] * 40
+    on_disk = checkpoint.read_checkpoint(tmp_path / "checkpoint" / "checkpoint.json")
+    assert sorted(on_disk.claims) == sorted(keep)
+    assert sorted(agent.prepared.claims) == sorted(keep)
+    assert sorted(uid for uid, entries in sink.calls if entries == []) == sorted(uids[10:])
