@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import dra_gpu
 from dra_gpu import config
@@ -28,6 +30,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="The node agent. Every flag has an environment twin (DRA_GPU_<FLAG>).",
     )
     config.add_arguments(agent, config.AgentSettings)
+    controller = commands.add_parser(
+        "controller",
+        help="cluster-wide controller: explain pending claims, check classes and slices, metrics",
+        description="The controller. Every flag has an environment twin (DRA_GPU_<FLAG>).",
+    )
+    config.add_arguments(controller, config.ControllerSettings)
+    explain = commands.add_parser(
+        "explain",
+        help="why is a pod or claim waiting: class, devices, node and driver",
+    )
+    explain.add_argument("target", help="pod/NAME or resourceclaim/NAME")
+    explain.add_argument("-n", "--namespace", default="default")
+    explain.add_argument("--kubeconfig", default=None)
     return parser
 
 
@@ -50,6 +65,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dra_gpu.agent.runner import run_agent
 
         return _run_until_signal(lambda stopping: run_agent(settings, stopping))
+    if args.command == "controller":
+        try:
+            controller_settings = config.settings_from(config.ControllerSettings, args)
+        except (ValueError, TypeError) as exc:
+            parser.error(f"controller: {exc}")
+        if controller_settings.kubeconfig:
+            # Kopf logs in from $KUBECONFIG; the flag must reach it the same way.
+            os.environ["KUBECONFIG"] = str(controller_settings.kubeconfig)
+        from dra_gpu.controller.main import run_controller
+
+        return _run_until_signal(lambda stopping: run_controller(controller_settings, stopping))
+    if args.command == "explain":
+        from dra_gpu.controller.command import ExplainError, explain_target
+
+        kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+        try:
+            print(asyncio.run(explain_target(kubeconfig, args.target, args.namespace)), end="")
+        except ExplainError as exc:
+            print(f"dra-gpu explain: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -76,6 +76,34 @@ class AgentSettings:
             raise ValueError(f"resync seconds must be positive, got {self.resync_seconds}")
 
 
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    """The cluster-wide controller (a Deployment; one replica acts at a time)."""
+
+    driver_name: str = DEFAULT_DRIVER_NAME
+    """The DRA driver whose slices, claims and classes this controller looks after."""
+    namespace: str = "default"
+    """Namespace of the leader-election Lease (the chart sets the release namespace)."""
+    identity: str = ""
+    """This replica's name in the Lease (the chart sets the pod name); default host-pid."""
+    lease_seconds: int = 15
+    """A leader that has not renewed for this long is replaced."""
+    metrics_port: int = 9400
+    """Prometheus ``/metrics`` (0 disables)."""
+    health_port: int = 9401
+    """``/healthz`` and ``/readyz`` (0 disables)."""
+    bind_address: str = "0.0.0.0"
+    """Address of the metrics and health listeners."""
+    resync_seconds: float = 30.0
+    """Explanations and metrics are recomputed at least this often, events or not."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds < 2:
+            raise ValueError(f"lease seconds must be at least 2, got {self.lease_seconds}")
+
+
 def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 

@@ -64,3 +64,63 @@ for _result in RESULTS:
     PREPARE_SECONDS.labels(_result)
     UNPREPARE_SECONDS.labels(_result)
     SLICE_PUBLICATIONS.labels(_result)
+
+# --- controller ---------------------------------------------------------------------------------
+
+DEVICES = Gauge(
+    "dra_gpu_devices",
+    "Devices of our driver in published (complete) pools, by node and state "
+    "(published, allocated, free).",
+    ["node", "state"],
+)
+CLASS_DEVICES = Gauge(
+    "dra_gpu_class_devices",
+    "Devices that a DeviceClass's selectors admit, by class and state "
+    "(published, allocated, free).",
+    ["deviceclass", "state"],
+)
+MEMORY = Gauge(
+    "dra_gpu_memory_bytes",
+    "Memory capacity of our devices, by node and state (published, allocated, free).",
+    ["node", "state"],
+)
+CLAIMS = Gauge(
+    "dra_gpu_claims",
+    "ResourceClaims by state: pending (not allocated), allocated (not reserved), reserved.",
+    ["state"],
+)
+POD_CLAIMS_ALLOCATED_SECONDS = Histogram(
+    "dra_gpu_pod_claims_allocated_seconds",
+    "Time from a pod's creation until all its resource claims were allocated.",
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+POD_RUNNING_SECONDS = Histogram(
+    "dra_gpu_pod_running_seconds",
+    "Time from the creation of a pod with resource claims until it was Running.",
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+EXPLAIN_EVENTS = Counter(
+    "dra_gpu_explain_events_total",
+    "Warning Events the controller posted to explain a pending claim, by reason.",
+    ["reason"],
+)
+PREPARE_FAILURES = Counter(
+    "dra_gpu_prepare_failures_total",
+    "FailedPrepareDynamicResources events the kubelet posted on pods (each occurrence).",
+)
+INCONSISTENT_POOLS = Gauge(
+    "dra_gpu_inconsistent_pools",
+    "Pools of our driver whose slices disagree on generation or slice count.",
+)
+STALE_SLICES_DELETED = Counter(
+    "dra_gpu_stale_slices_deleted_total",
+    "Our ResourceSlices deleted because their node no longer exists.",
+)
+DEVICE_STATUS_REPAIRS = Counter(
+    "dra_gpu_device_status_repairs_total",
+    "status.devices entries of our driver removed because the device is no longer allocated.",
+)
+LEADER = Gauge("dra_gpu_controller_leader", "1 on the controller replica that holds the lease.")
+
+for _state in ("pending", "allocated", "reserved"):
+    CLAIMS.labels(_state)

@@ -10,6 +10,7 @@ def test_testing_kit_exports_exactly_its_public_names() -> None:
         "ClusterEnv",
         "ControlPlane",
         "ControlPlaneError",
+        "ControllerProcess",
         "DraSettings",
         "DraStandIn",
         "KubeletStandIn",

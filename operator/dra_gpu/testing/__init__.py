@@ -6,7 +6,7 @@ registration, prepare and unprepare over the real gRPC protocol), the node agent
 process (``AgentProcess``), and the background cluster behind ``make cluster-up``.
 """
 
-from dra_gpu.testing._agent import AgentProcess
+from dra_gpu.testing._agent import AgentProcess, ControllerProcess
 from dra_gpu.testing._cluster import ClusterEnv, agents_down, agents_up, cluster_down, cluster_up
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
 from dra_gpu.testing._dra import DraSettings, DraStandIn, PreparedClaim, PreparedDevice
@@ -18,6 +18,7 @@ __all__ = [
     "ClusterEnv",
     "ControlPlane",
     "ControlPlaneError",
+    "ControllerProcess",
     "DraSettings",
     "DraStandIn",
     "KubeletStandIn",

@@ -1,8 +1,8 @@
-"""The node agent as a real process, for tests and ``make run``.
+"""dra-gpu's processes as real processes, for tests and ``make run``.
 
-Runs ``dra-gpu agent`` exactly as the chart's DaemonSet does (same flags, environment twins
-left alone), with the node's kubelet directory from the stand-in and CDI/checkpoint directories
-of its own, so tests can kill it with SIGKILL, restart it, and look at the files it left.
+Runs ``dra-gpu agent`` and ``dra-gpu controller`` exactly as the chart does (same flags), the
+agent with the node's kubelet directory from the stand-in and CDI/checkpoint directories of its
+own, so tests can kill them with SIGKILL, restart them, and look at the files they left.
 """
 
 from __future__ import annotations
@@ -23,68 +23,35 @@ from dra_gpu import DEFAULT_DRIVER_NAME
 from dra_gpu.testing._control_plane import _tail, dying_with_parent, free_port
 
 
-@dataclasses.dataclass
-class AgentProcess:
-    """One agent for one node. ``start()`` returns once it answers ``/readyz``."""
+@dataclasses.dataclass(kw_only=True)
+class DraGpuProcess:
+    """A ``dra-gpu`` process; ``start()``/``astart()`` return once it answers ``/readyz``."""
 
-    node: str
-    kubeconfig: Path
-    kubelet_dir: Path
-    state_dir: Path
-    """Holds ``cdi/``, ``checkpoint/`` and ``agent.log``."""
-    profile: Path | None = None
-    backend: str = "simulated"
-    driver: str = DEFAULT_DRIVER_NAME
-    resync_seconds: float = 30.0
-    extra_args: tuple[str, ...] = ()
     health_port: int = 0
     metrics_port: int = 0
+    extra_args: tuple[str, ...] = ()
     detached: bool = False
     """Outlive this process (``make run``): own session, no parent-death signal; the PID is
-    in ``agent.pid`` for ``stop_detached``."""
+    in ``<name>.pid`` for ``stop_detached``."""
     _popen: subprocess.Popen[bytes] | None = None
 
-    @property
-    def cdi_dir(self) -> Path:
-        return self.state_dir / "cdi"
+    name = "dra-gpu"
+    """Names the log and PID files in ``state_dir`` (a field of each subclass)."""
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.state_dir / "checkpoint"
-
-    @property
-    def checkpoint_file(self) -> Path:
-        return self.checkpoint_dir / "checkpoint.json"
+    def args(self) -> list[str]:
+        raise NotImplementedError
 
     @property
     def log_file(self) -> Path:
-        return self.state_dir / "agent.log"
+        return self.state_dir / f"{self.name}.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / f"{self.name}.pid"
 
     @property
     def pid(self) -> int | None:
         return self._popen.pid if self._popen and self._popen.poll() is None else None
-
-    def args(self) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "dra_gpu",
-            "agent",
-            f"--node-name={self.node}",
-            f"--driver-name={self.driver}",
-            f"--backend={self.backend}",
-            f"--kubelet-dir={self.kubelet_dir}",
-            f"--cdi-dir={self.cdi_dir}",
-            f"--checkpoint-dir={self.checkpoint_dir}",
-            f"--kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--health-port={self.health_port}",
-            f"--metrics-port={self.metrics_port}",
-            f"--resync-seconds={self.resync_seconds}",
-        ]
-        if self.profile is not None:
-            args.append(f"--profile={self.profile}")
-        return [*args, *self.extra_args]
 
     def start(self, timeout: float = 60.0) -> None:
         """Start and wait, blocking; from async code use ``astart`` (a stand-in kubelet on
@@ -103,24 +70,30 @@ class AgentProcess:
             self.metrics_port = free_port()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
+            command = [
+                *self.args(),
+                f"--health-port={self.health_port}",
+                f"--metrics-port={self.metrics_port}",
+                *self.extra_args,
+            ]
             self._popen = subprocess.Popen(
-                self.args() if self.detached else dying_with_parent(self.args()),
+                command if self.detached else dying_with_parent(command),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=self.detached,
             )
-        (self.state_dir / "agent.pid").write_text(str(self._popen.pid))
+        self.pid_file.write_text(str(self._popen.pid))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._popen is None or self._popen.poll() is not None:
-                raise RuntimeError(f"agent of {self.node} exited; log:\n{_tail(self.log_file, 40)}")
+                raise RuntimeError(f"{self} exited; log:\n{_tail(self.log_file, 40)}")
             if self.probe("/readyz") == 200:
                 return
             time.sleep(0.2)
-        raise TimeoutError(f"agent of {self.node} not ready; log:\n{_tail(self.log_file, 40)}")
+        raise TimeoutError(f"{self} not ready; log:\n{_tail(self.log_file, 40)}")
 
     def probe(self, path: str) -> int | None:
         try:
@@ -160,9 +133,90 @@ class AgentProcess:
         self.start(timeout)
 
 
-def stop_detached(state_dir: Path, timeout: float = 20.0) -> bool:
-    """Stop the detached agent whose state is in ``state_dir``; True if one was running."""
-    pid_file = state_dir / "agent.pid"
+@dataclasses.dataclass
+class AgentProcess(DraGpuProcess):
+    """One node agent, run as the chart's DaemonSet runs it (same flags)."""
+
+    node: str
+    kubeconfig: Path
+    kubelet_dir: Path
+    state_dir: Path
+    """Holds ``cdi/``, ``checkpoint/`` and ``agent.log``."""
+    profile: Path | None = None
+    backend: str = "simulated"
+    driver: str = DEFAULT_DRIVER_NAME
+    resync_seconds: float = 30.0
+    name = "agent"
+
+    def __str__(self) -> str:
+        return f"agent of {self.node}"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.state_dir / "cdi"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.state_dir / "checkpoint"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.checkpoint_dir / "checkpoint.json"
+
+    def args(self) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "dra_gpu",
+            "agent",
+            f"--node-name={self.node}",
+            f"--driver-name={self.driver}",
+            f"--backend={self.backend}",
+            f"--kubelet-dir={self.kubelet_dir}",
+            f"--cdi-dir={self.cdi_dir}",
+            f"--checkpoint-dir={self.checkpoint_dir}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--resync-seconds={self.resync_seconds}",
+        ]
+        return [*args, f"--profile={self.profile}"] if self.profile is not None else args
+
+
+@dataclasses.dataclass
+class ControllerProcess(DraGpuProcess):
+    """One controller replica, run as the chart's Deployment runs it (same flags)."""
+
+    identity: str
+    kubeconfig: Path
+    state_dir: Path
+    namespace: str = "default"
+    lease_seconds: int = 15
+    resync_seconds: float = 30.0
+    driver: str = DEFAULT_DRIVER_NAME
+    name = "controller"
+
+    def __str__(self) -> str:
+        return f"controller {self.identity}"
+
+    def args(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dra_gpu",
+            "controller",
+            f"--identity={self.identity}",
+            f"--driver-name={self.driver}",
+            f"--namespace={self.namespace}",
+            f"--lease-seconds={self.lease_seconds}",
+            f"--resync-seconds={self.resync_seconds}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+        ]
+
+
+def stop_detached(state_dir: Path, name: str = "agent", timeout: float = 20.0) -> bool:
+    """Stop the detached process ``name`` whose state is in ``state_dir``; True if one ran."""
+    pid_file = state_dir / f"{name}.pid"
     try:
         pid = int(pid_file.read_text())
         os.kill(pid, signal.SIGTERM)

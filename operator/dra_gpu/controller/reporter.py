@@ -1,0 +1,83 @@
+"""Posts the controller's explanation of a pending claim, once per reason.
+
+One Warning Event on the claim and one on each pod waiting for it, with the same message and
+the same log line. A claim's explanation is posted again only when its message changes; after a
+controller restart (or a new leader) the last Event already on the claim is read first, so an
+unchanged situation is not announced twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from dra_gpu import events, kube, metrics
+
+log = logging.getLogger(__name__)
+COMPONENT = "dra-gpu-controller"
+
+
+class Reporter:
+    def __init__(self, api: kube.Kube, host: str) -> None:
+        self.api = api
+        self.host = host
+        self._posted: dict[str, str] = {}  # claim uid -> message last posted
+
+    def keep_only(self, claim_uids: set[str]) -> None:
+        """Forget claims no longer pending: if one is pending again, it is explained anew."""
+        for uid in set(self._posted) - claim_uids:
+            del self._posted[uid]
+
+    async def report(
+        self, claim: kube.Body, pods: Sequence[kube.Body], reason: str, message: str
+    ) -> bool:
+        """Post ``message`` unless it is what was last posted for this claim."""
+        uid = claim["metadata"]["uid"]
+        if self._posted.get(uid) == message:
+            return False
+        if uid not in self._posted and await self._last_message(claim) == message:
+            self._posted[uid] = message
+            return False
+        ref = events.object_ref(
+            {**claim, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
+        )
+        log.warning("ResourceClaim %s: %s", events.object_ref(claim)["name"], message)
+        await events.post(
+            self.api,
+            ref,
+            type_="Warning",
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            host=self.host,
+        )
+        for pod in pods:
+            await events.post(
+                self.api,
+                events.object_ref({**pod, "apiVersion": "v1", "kind": "Pod"}),
+                type_="Warning",
+                reason=reason,
+                message=message,
+                component=COMPONENT,
+                host=self.host,
+            )
+        metrics.EXPLAIN_EVENTS.labels(reason).inc()
+        self._posted[uid] = message
+        return True
+
+    async def _last_message(self, claim: kube.Body) -> str | None:
+        meta = claim["metadata"]
+        try:
+            listing = await self.api.get(
+                f"/api/v1/namespaces/{meta['namespace']}/events",
+                fieldSelector=f"involvedObject.uid={meta['uid']}",
+            )
+        except kube.ApiError:
+            return None
+        ours = [
+            e
+            for e in listing.get("items", [])
+            if (e.get("source") or {}).get("component") == COMPONENT
+        ]
+        ours.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return str(ours[-1].get("message")) if ours else None
