@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dra_gpu.testing import agents_down, agents_up
+from dra_gpu.testing import agents_down, agents_up, controller_up
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "crds-examples"
 PROFILE = EXAMPLES / "profile-tutorial.yaml"
@@ -69,6 +69,31 @@ def pod_event(reason: str, text: str) -> str | None:
     return None
 
 
+def controller_says(text: str) -> str | None:
+    """The controller's explanation on the claim, as `kubectl describe resourceclaim` shows."""
+    events = kubectl_json("get", "events", "--field-selector", "involvedObject.kind=ResourceClaim")
+    for event in events["items"]:
+        if event.get("reportingComponent") == "dra-gpu-controller" and text in event.get(
+            "message", ""
+        ):
+            return f"{event['type']}  {event['reason']}  {event['message']}"
+    return None
+
+
+def explain(pod: str) -> None:
+    print(f"{BOLD}$ dra-gpu explain pod/{pod}{RESET}")
+    result = subprocess.run(
+        [sys.executable, "-m", "dra_gpu", "explain", f"pod/{pod}"], capture_output=True, text=True
+    )
+    print((result.stdout or result.stderr).rstrip() + "\n")
+
+
+def pod_name() -> str:
+    return str(
+        kubectl_json("get", "pods", "-l", "app=recomendador")["items"][0]["metadata"]["name"]
+    )
+
+
 def reset(state_dir: Path) -> None:
     step("Clean slate: remove what an earlier run left")
     # Workloads go first, while the agents run: a pod that used a GPU only goes once the
@@ -97,6 +122,7 @@ def reset(state_dir: Path) -> None:
         "--ignore-not-found",
     )
     kubectl("delete", "events", "--field-selector", "involvedObject.kind=Pod", show=False)
+    kubectl("delete", "events", "--field-selector", "involvedObject.kind=ResourceClaim", show=False)
 
 
 def main() -> int:
@@ -104,6 +130,8 @@ def main() -> int:
         sys.exit("KUBECONFIG is not set: run `make run` (or `eval $(make cluster-up)`) first")
     state_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".run/cluster")
     reset(state_dir)
+    controller = controller_up(state_dir)
+    print(f"dra-gpu controller running (pid {controller.pid}, log {controller.log_file})")
 
     step("Step 1: the types are already there")
     kubectl("api-resources", "--api-group=resource.k8s.io")
@@ -126,6 +154,9 @@ def main() -> int:
         wait_for("the scheduler's answer", lambda: pod_event("FailedScheduling", "does not exist")),
         "\n",
     )
+    print("What the dra-gpu controller says on the claim itself:")
+    print(wait_for("the controller's explanation", lambda: controller_says("does not exist")), "\n")
+    explain(pod_name())
     kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
     print(
         wait_for(
@@ -135,9 +166,14 @@ def main() -> int:
         "\n",
     )
 
+    print("And the controller, on the claim:")
+    print(wait_for("the controller's explanation", lambda: controller_says("no devices")), "\n")
+    explain(pod_name())
+
     step("Step 3: install the driver instead of describing a GPU by hand")
     print("Starting the dra-gpu node agent on each node, as the chart's DaemonSet does ...")
-    for agent in agents_up(state_dir, NODES, PROFILE):
+    agents = agents_up(state_dir, NODES, PROFILE)
+    for agent in agents:
         print(f"  {agent.node}: pid {agent.pid}, log {agent.log_file}")
     print()
     wait_for(
@@ -174,10 +210,26 @@ def main() -> int:
     spec = state_dir / "kubelet" / "node-01" / "cdi" / f"k8s.gpu.example.com-gpu_{uid}.json"
     print(f"{BOLD}$ cat {spec}{RESET}\n{spec.read_text()}")
 
+    explain(pod_name())
+
     step("The events in a row, in order")
     kubectl(
         "get", "events", "--field-selector", "involvedObject.kind=Pod", "--sort-by=.lastTimestamp"
     )
+    step("Metrics (Prometheus): the controller's view of node-01, and node-01's agent")
+    wanted = (
+        "dra_gpu_devices{",
+        "dra_gpu_memory_bytes{",
+        "dra_gpu_claims{",
+        "dra_gpu_explain_events_total{",
+        "dra_gpu_prepare_claims_total{",
+        "dra_gpu_prepared_devices ",
+    )
+    agent_metrics = next(a for a in agents if a.node == "node-01").metrics()
+    for line in (controller.metrics() + agent_metrics).splitlines():
+        if line.startswith(wanted) and ('node="node-0' not in line or "node-01" in line):
+            print("  " + line)
+    print()
     print(
         "The class, the device, the node and the driver: all four pieces in place.\n"
         "Explore with the exports `make cluster-up` prints; stop everything with\n"

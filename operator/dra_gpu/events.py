@@ -1,4 +1,4 @@
-"""Posting core/v1 Events: what users read with ``kubectl describe`` and ``get events``.
+"""Posting Events: what users read with ``kubectl describe`` and ``kubectl get events``.
 
 Every user-facing failure is an Event and a log line that say the same thing (see callers).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-import secrets
+import time
 from typing import Any
 
 from dra_gpu import kube
@@ -31,25 +31,25 @@ def object_ref(body: dict[str, Any]) -> dict[str, str]:
 def event_body(
     regarding: dict[str, str], *, type_: str, reason: str, message: str, component: str, host: str
 ) -> dict[str, Any]:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    namespace = regarding.get("namespace", "default")
+    """An events.k8s.io/v1 Event, as kube-scheduler writes its own: ``eventTime`` set and a name
+    that sorts by time, so ``kubectl get events --sort-by=.lastTimestamp`` lists ours in order
+    among the scheduler's (whose ``lastTimestamp`` is empty too)."""
+    now = datetime.datetime.now(datetime.UTC)
     return {
-        "apiVersion": "v1",
+        "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         "metadata": {
-            "name": f"{regarding['name']}.{secrets.token_hex(8)}",
-            "namespace": namespace,
+            "name": f"{regarding['name']}.{time.time_ns():x}",
+            "namespace": regarding.get("namespace", "default"),
         },
-        "involvedObject": regarding,
+        "regarding": regarding,
         "type": type_,
         "reason": reason,
-        "message": message[:1024],
-        "source": {"component": component, "host": host},
-        "reportingComponent": component,
-        "reportingInstance": host,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
+        "action": reason,
+        "note": message[:1024],
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": component,
+        "reportingInstance": host[:128],
     }
 
 
@@ -68,7 +68,8 @@ async def post(
         regarding, type_=type_, reason=reason, message=message, component=component, host=host
     )
     try:
-        await api.create(f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
+        namespace = body["metadata"]["namespace"]
+        await api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
     except Exception as exc:
         log.warning(
             "could not post event %s on %s %s: %s",

@@ -15,11 +15,16 @@ from aiohttp import web
 Check = Callable[[], Awaitable[tuple[bool, str]]]
 
 
-def _app(*, metrics: bool, healthz: Check | None, readyz: Check | None) -> web.Application:
+def _app(
+    *,
+    registry: prometheus_client.CollectorRegistry | None,
+    healthz: Check | None,
+    readyz: Check | None,
+) -> web.Application:
     app = web.Application()
 
     async def metrics_handler(request: web.Request) -> web.Response:
-        body = prometheus_client.generate_latest()
+        body = prometheus_client.generate_latest(registry)
         return web.Response(
             body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
         )
@@ -31,7 +36,7 @@ def _app(*, metrics: bool, healthz: Check | None, readyz: Check | None) -> web.A
 
         return handler
 
-    if metrics:
+    if registry is not None:
         app.router.add_get("/metrics", metrics_handler)
     if healthz:
         app.router.add_get("/healthz", check_handler(healthz))
@@ -42,7 +47,13 @@ def _app(*, metrics: bool, healthz: Check | None, readyz: Check | None) -> web.A
 
 @contextlib.asynccontextmanager
 async def serving(
-    address: str, metrics_port: int, health_port: int, *, healthz: Check, readyz: Check
+    address: str,
+    metrics_port: int,
+    health_port: int,
+    *,
+    registry: prometheus_client.CollectorRegistry,
+    healthz: Check,
+    readyz: Check,
 ) -> AsyncIterator[list[int]]:
     """Serve until exit; yields the bound ports (useful with port 0 in tests)."""
     layout: dict[int, dict[str, bool]] = {}
@@ -55,7 +66,7 @@ async def serving(
     try:
         for port, parts in layout.items():
             app = _app(
-                metrics=parts.get("metrics", False),
+                registry=registry if parts.get("metrics") else None,
                 healthz=healthz if parts.get("health") else None,
                 readyz=readyz if parts.get("health") else None,
             )

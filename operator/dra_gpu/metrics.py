@@ -7,7 +7,12 @@ known label value exist from the start, so dashboards show zeros instead of gaps
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+AGENT = CollectorRegistry()
+"""What ``dra-gpu agent`` serves on ``/metrics``."""
+CONTROLLER = CollectorRegistry()
+"""What ``dra-gpu controller`` serves on ``/metrics``."""
 
 RESULTS = ("success", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
@@ -18,44 +23,56 @@ PREPARES = Counter(
     "dra_gpu_prepare_claims_total",
     "Claims prepared by NodePrepareResources, by result.",
     ["result"],
+    registry=AGENT,
 )
 UNPREPARES = Counter(
     "dra_gpu_unprepare_claims_total",
     "Claims unprepared by NodeUnprepareResources, by result.",
     ["result"],
+    registry=AGENT,
 )
 PREPARE_SECONDS = Histogram(
     "dra_gpu_prepare_claim_duration_seconds",
     "Time to prepare one claim (claim read, CDI spec, checkpoint), by result.",
     ["result"],
     buckets=_LATENCY_BUCKETS,
+    registry=AGENT,
 )
 UNPREPARE_SECONDS = Histogram(
     "dra_gpu_unprepare_claim_duration_seconds",
     "Time to unprepare one claim, by result.",
     ["result"],
     buckets=_LATENCY_BUCKETS,
+    registry=AGENT,
 )
 PREPARED_DEVICES = Gauge(
-    "dra_gpu_prepared_devices", "Devices of prepared claims on this node (from the checkpoint)."
+    "dra_gpu_prepared_devices",
+    "Devices of prepared claims on this node (from the checkpoint).",
+    registry=AGENT,
 )
-PREPARED_CLAIMS = Gauge("dra_gpu_prepared_claims", "Claims prepared on this node.")
+PREPARED_CLAIMS = Gauge("dra_gpu_prepared_claims", "Claims prepared on this node.", registry=AGENT)
 INVENTORY_DEVICES = Gauge(
-    "dra_gpu_inventory_devices", "Devices the inventory backend reports, by node.", ["node"]
+    "dra_gpu_inventory_devices",
+    "Devices the inventory backend reports, by node.",
+    ["node"],
+    registry=AGENT,
 )
 INVENTORY_MEMORY = Gauge(
     "dra_gpu_inventory_memory_bytes",
     "Memory of the devices the backend reports, by node.",
     ["node"],
+    registry=AGENT,
 )
 SLICE_PUBLICATIONS = Counter(
     "dra_gpu_slice_publications_total",
     "ResourceSlice pool publications (a new generation written), by result.",
     ["result"],
+    registry=AGENT,
 )
 CHECKPOINT_CORRUPTIONS = Counter(
     "dra_gpu_checkpoint_corruptions_total",
     "Checkpoint files found corrupt at start, moved aside and rebuilt.",
+    registry=AGENT,
 )
 
 for _result in RESULTS:
@@ -72,55 +89,75 @@ DEVICES = Gauge(
     "Devices of our driver in published (complete) pools, by node and state "
     "(published, allocated, free).",
     ["node", "state"],
+    registry=CONTROLLER,
 )
 CLASS_DEVICES = Gauge(
     "dra_gpu_class_devices",
     "Devices that a DeviceClass's selectors admit, by class and state "
     "(published, allocated, free).",
     ["deviceclass", "state"],
+    registry=CONTROLLER,
 )
 MEMORY = Gauge(
     "dra_gpu_memory_bytes",
     "Memory capacity of our devices, by node and state (published, allocated, free).",
     ["node", "state"],
+    registry=CONTROLLER,
 )
 CLAIMS = Gauge(
     "dra_gpu_claims",
     "ResourceClaims by state: pending (not allocated), allocated (not reserved), reserved.",
     ["state"],
+    registry=CONTROLLER,
 )
 POD_CLAIMS_ALLOCATED_SECONDS = Histogram(
     "dra_gpu_pod_claims_allocated_seconds",
     "Time from a pod's creation until all its resource claims were allocated.",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+    registry=CONTROLLER,
 )
 POD_RUNNING_SECONDS = Histogram(
     "dra_gpu_pod_running_seconds",
     "Time from the creation of a pod with resource claims until it was Running.",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+    registry=CONTROLLER,
 )
 EXPLAIN_EVENTS = Counter(
     "dra_gpu_explain_events_total",
     "Warning Events the controller posted to explain a pending claim, by reason.",
     ["reason"],
+    registry=CONTROLLER,
 )
 PREPARE_FAILURES = Counter(
     "dra_gpu_prepare_failures_total",
     "FailedPrepareDynamicResources events the kubelet posted on pods (each occurrence).",
+    registry=CONTROLLER,
 )
 INCONSISTENT_POOLS = Gauge(
     "dra_gpu_inconsistent_pools",
     "Pools of our driver whose slices disagree on generation or slice count.",
+    registry=CONTROLLER,
 )
 STALE_SLICES_DELETED = Counter(
     "dra_gpu_stale_slices_deleted_total",
     "Our ResourceSlices deleted because their node no longer exists.",
+    registry=CONTROLLER,
 )
 DEVICE_STATUS_REPAIRS = Counter(
     "dra_gpu_device_status_repairs_total",
     "status.devices entries of our driver removed because the device is no longer allocated.",
+    registry=CONTROLLER,
 )
-LEADER = Gauge("dra_gpu_controller_leader", "1 on the controller replica that holds the lease.")
+LEADER = Gauge(
+    "dra_gpu_controller_leader",
+    "1 on the controller replica that holds the lease.",
+    registry=CONTROLLER,
+)
+RECONCILES = Counter(
+    "dra_gpu_controller_reconciles_total",
+    "Passes of the controller over its view of the cluster.",
+    registry=CONTROLLER,
+)
 
 for _state in ("pending", "allocated", "reserved"):
     CLAIMS.labels(_state)

@@ -13,7 +13,13 @@ import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
-from dra_gpu.testing import ControlPlane, DraSettings, KubeletStandIn, eventually
+from dra_gpu.testing import (
+    ControllerProcess,
+    ControlPlane,
+    DraSettings,
+    KubeletStandIn,
+    eventually,
+)
 from tests.e2e import helpers
 from tests.e2e.helpers import Kubectl
 
@@ -81,3 +87,29 @@ async def namespace(
             except AssertionError as exc:
                 print(exc)
     await api.delete(f"/api/v1/namespaces/{name}")
+    # Wait until it is gone: its claims hold devices that the next test may need.
+    await eventually(
+        lambda: _gone(api, f"/api/v1/namespaces/{name}"), timeout=120, what=f"namespace {name} gone"
+    )
+
+
+async def _gone(api: kube.Kube, path: str) -> bool:
+    return not await helpers.exists(api, path)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def controller(
+    control_plane: ControlPlane, kubelet: KubeletStandIn, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ControllerProcess]:
+    """One controller replica for the whole session (as the chart's Deployment runs it)."""
+    process = ControllerProcess(
+        "controller-a",
+        control_plane.kubeconfig,
+        tmp_path_factory.mktemp("controller"),
+        lease_seconds=4,
+        resync_seconds=2,
+    )
+    await process.astart()
+    await eventually(process.leads, what="controller-a holds the lease")
+    yield process
+    process.stop()

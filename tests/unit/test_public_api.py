@@ -21,6 +21,7 @@ def test_testing_kit_exports_exactly_its_public_names() -> None:
         "agents_up",
         "cluster_down",
         "cluster_up",
+        "controller_up",
         "default_bin_dir",
         "eventually",
     }

@@ -112,6 +112,7 @@ async def _run(
             settings.bind_address,
             settings.metrics_port,
             settings.health_port,
+            registry=metrics.AGENT,
             healthz=healthz,
             readyz=readyz,
         ),

@@ -87,6 +87,11 @@ class Controller:
                 metrics.PREPARE_FAILURES.inc(count - seen)
                 self._prepare_events[uid] = count
 
+        @kopf.on.login(registry=registry)
+        async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            # A registry of our own has none of Kopf's default handlers; log in as they would.
+            return await kopf.login_via_async_client(**kwargs)
+
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             settings.posting.enabled = False  # our Events say what happened, Kopf's would not
@@ -130,6 +135,7 @@ class Controller:
             await self._delete_stale_slices()
             await self._repair_device_status()
         self.reconciled += 1
+        metrics.RECONCILES.inc()
 
     # ---- metrics -------------------------------------------------------------------------
 
@@ -204,8 +210,8 @@ class Controller:
                 claims=list(self.view.claims.values()),
                 nodes=self.view.nodes,
             )
-            if result.reason != "Allocated":
-                await self.reporter.report(claim, waiting, result.reason, result.message)
+            if result.missing:
+                await self.reporter.report(claim, waiting, str(result.reason), result.message)
         self.reporter.keep_only(pending_uids)
 
     def _concerns_us(self, claim: kube.Body) -> bool:
@@ -335,19 +341,27 @@ def _admits(device_class: kube.Body, device: inventory.PublishedDevice) -> bool:
 def _class_problem(
     device_class: kube.Body, devices: list[inventory.PublishedDevice]
 ) -> tuple[str, str] | None:
+    name = device_class["metadata"]["name"]
     for index, expression in enumerate(_selectors(device_class)):
         compiled = cel.compile_selector(expression)
-        if compiled.error:
+        if compiled.error:  # the API server checks syntax; this catches what it cannot
             return "InvalidSelector", (
-                f"DeviceClass {device_class['metadata']['name']}: spec.selectors[{index}].cel."
-                f"expression {' '.join(expression.split())!r} does not compile: {compiled.error}"
+                f"DeviceClass {name}: spec.selectors[{index}].cel.expression "
+                f"{' '.join(expression.split())!r} does not compile: {compiled.error}"
             )
-    if devices and not any(_admits(device_class, d) for d in devices):
-        return "NoDeviceMatches", (
-            f"DeviceClass {device_class['metadata']['name']}: none of the {len(devices)} "
-            "published devices satisfies its selectors; claims of this class cannot be allocated"
-        )
-    return None
+    if not devices or any(_admits(device_class, d) for d in devices):
+        return None
+    why = ""
+    for index, expression in enumerate(_selectors(device_class)):
+        verdict = cel.evaluate(cel.compile_selector(expression), devices[0].driver, devices[0].body)
+        if verdict.error:
+            why = f"; e.g. {devices[0].node}/{devices[0].body['name']}: selector #{index}: "
+            why += verdict.error
+            break
+    return "NoDeviceMatches", (
+        f"DeviceClass {name}: none of the {len(devices)} published devices satisfies its "
+        f"selectors; claims of this class cannot be allocated{why}"
+    )
 
 
 async def _post(
@@ -379,6 +393,7 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
             settings.bind_address,
             settings.metrics_port,
             settings.health_port,
+            registry=metrics.CONTROLLER,
             healthz=healthz,
             readyz=readyz,
         ):

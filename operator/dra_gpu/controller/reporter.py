@@ -74,10 +74,6 @@ class Reporter:
             )
         except kube.ApiError:
             return None
-        ours = [
-            e
-            for e in listing.get("items", [])
-            if (e.get("source") or {}).get("component") == COMPONENT
-        ]
-        ours.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        ours = [e for e in listing.get("items", []) if e.get("reportingComponent") == COMPONENT]
+        ours.sort(key=lambda e: e.get("eventTime") or e.get("lastTimestamp") or "")
         return str(ours[-1].get("message")) if ours else None

@@ -7,7 +7,14 @@ process (``AgentProcess``), and the background cluster behind ``make cluster-up`
 """
 
 from dra_gpu.testing._agent import AgentProcess, ControllerProcess
-from dra_gpu.testing._cluster import ClusterEnv, agents_down, agents_up, cluster_down, cluster_up
+from dra_gpu.testing._cluster import (
+    ClusterEnv,
+    agents_down,
+    agents_up,
+    cluster_down,
+    cluster_up,
+    controller_up,
+)
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
 from dra_gpu.testing._dra import DraSettings, DraStandIn, PreparedClaim, PreparedDevice
 from dra_gpu.testing._kubelet import KubeletStandIn, NodeSpec
@@ -29,6 +36,7 @@ __all__ = [
     "agents_up",
     "cluster_down",
     "cluster_up",
+    "controller_up",
     "default_bin_dir",
     "eventually",
 ]

@@ -198,6 +198,18 @@ class ControllerProcess(DraGpuProcess):
     def __str__(self) -> str:
         return f"controller {self.identity}"
 
+    def _gauge(self, name: str) -> float:
+        for line in self.metrics().splitlines():
+            if line.startswith(f"{name} "):
+                return float(line.split()[1])
+        return 0.0
+
+    def leads(self) -> bool:
+        return self._gauge("dra_gpu_controller_leader") == 1.0
+
+    def reconciles(self) -> float:
+        return self._gauge("dra_gpu_controller_reconciles_total")
+
     def args(self) -> list[str]:
         return [
             sys.executable,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dra_gpu import kube
-from dra_gpu.testing._agent import AgentProcess, stop_detached
+from dra_gpu.testing._agent import AgentProcess, ControllerProcess, stop_detached
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
 from dra_gpu.testing._dra import DraSettings
 from dra_gpu.testing._kubelet import KubeletStandIn
@@ -135,9 +135,28 @@ def agents_down(state_dir: Path) -> list[str]:
     return [d.name for d in nodes if stop_detached(d)]
 
 
+def controller_up(state_dir: Path) -> ControllerProcess:
+    """Start (or restart) one detached controller replica, as the chart's Deployment would."""
+    env = ClusterEnv.parse((state_dir / "env.sh").read_text())
+    controller_dir = state_dir / "controller"
+    stop_detached(controller_dir, "controller")
+    process = ControllerProcess(
+        "dra-gpu-controller-0",
+        env.kubeconfig,
+        controller_dir,
+        lease_seconds=4,
+        resync_seconds=5,
+        detached=True,
+    )
+    process.start()
+    return process
+
+
 def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
-    """Stop the agents and the supervisor of ``state_dir``; True if a supervisor was running."""
+    """Stop the agents, the controller and the supervisor of ``state_dir``; True if a
+    supervisor was running."""
     agents_down(state_dir)
+    stop_detached(state_dir / "controller", "controller")
     pid = _alive(state_dir / "supervisor.pid")
     if pid is not None:
         os.kill(pid, signal.SIGTERM)

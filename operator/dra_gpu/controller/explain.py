@@ -1,0 +1,1068 @@
+"""Why is a ResourceClaim pending? The pure reasoning behind the controller's explanations.
+
+Owns: given API bodies (the claim, the pod that uses it, DeviceClasses, ResourceSlices, the
+other claims, Nodes), say which of the tutorial's four pieces is missing (class, devices,
+node, driver), per request and for the claim as a whole, in the plain words the controller
+posts as a Warning Event and ``dra-gpu explain`` prints. Selectors are evaluated through
+``dra_gpu.cel`` the way the scheduler does: class selectors first, then the request's, over
+complete pools at their highest generation only.
+
+Must not: do any I/O (no client, no clock, no logging, no files) or change its inputs; dicts
+in, frozen dataclasses out. It does not allocate and is not a second scheduler: it looks at
+each request on its own (constraints such as ``matchAttribute``, requests competing for one
+device and the pod's other resources are not modelled), so its answer is "the first missing
+piece we can see". The output is deterministic (devices in natural order, bounded lists), so
+the controller can post "the same reason once".
+
+``Reason`` lists the vocabulary in order of importance: when several requests miss pieces,
+the claim's message names the most important first (class > selectors > devices published >
+fit > allocation > node > driver).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from dra_gpu import cel
+
+Body = Mapping[str, Any]
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device): how allocation results name a device."""
+
+PIECE_NAMES = ("class", "devices", "node", "driver")
+LIST_LIMIT = 3
+"""Devices named per kind of problem in a message; the rest are counted ("and 7 more ...")."""
+REQUEST_LIMIT = 3
+"""Failing requests named in a claim's message; the rest are counted."""
+MESSAGE_LIMIT = 1000
+"""Event messages are capped at 1024 bytes by the API; longer ones are cut, ending in "…"."""
+NOT_CHECKED = "not checked (an earlier piece is missing)"
+
+
+class Reason(enum.StrEnum):
+    """Short machine reasons for Events and metric labels, most important first."""
+
+    CLAIM_DELETING = "ClaimDeleting"
+    DEVICE_CLASS_MISSING = "DeviceClassMissing"
+    SELECTOR_INVALID = "SelectorInvalid"  # a class or request selector does not compile
+    NO_DEVICES_PUBLISHED = "NoDevicesPublished"  # no device of the class is published
+    POOL_INCOMPLETE = "PoolIncomplete"  # ...except possibly in pools still being written
+    SELECTOR_ERROR = "SelectorError"  # CEL runtime error on a device: the scheduler errors out
+    NO_DEVICE_FITS = "NoDeviceFits"  # devices of the class exist, none passes the selectors
+    NOT_ENOUGH_DEVICES = "NotEnoughDevices"  # some fit, but never `count` of them on one node
+    DEVICES_ALLOCATED = "DevicesAllocated"  # enough fit, but other claims hold them
+    NODE_EXCLUDED = "NodeExcluded"  # free fitting devices only on nodes the pod cannot use
+    NO_COMMON_NODE = "NoCommonNode"  # every request fits somewhere, but not all on one node
+    DRIVER_NOT_READY = "DriverNotReady"  # the kubelet could not prepare (see prepare_error)
+    SATISFIABLE = "Satisfiable"  # no missing piece found: it is the scheduler's move
+    ALLOCATED = "Allocated"  # nothing to explain
+    FITS = "Fits"  # per request only: this request can be satisfied on its own
+
+
+_SEVERITY = {reason: rank for rank, reason in enumerate(Reason)}
+
+
+class Verdict(enum.StrEnum):
+    """What one published device is to one request; checks run in this order."""
+
+    OTHER_CLASS = "other-class"  # a class selector rules it out: not a candidate at all
+    ERROR = "error"  # a selector failed to evaluate on it
+    MISMATCH = "mismatch"  # of the class, but a request selector rules it out
+    ALLOCATED = "allocated"  # passes, but another claim holds it
+    EXCLUDED = "excluded"  # the pod cannot run on its node
+    FITS = "fits"
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One of the tutorial's four pieces: class, devices, node, driver."""
+
+    name: str
+    satisfied: bool | None
+    """True: present; False: missing; None: not checked because an earlier piece is missing."""
+    reason: str
+
+    @property
+    def status(self) -> str:
+        return {True: "OK", False: "NO", None: "--"}[self.satisfied]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceVerdict:
+    """One published device as one request sees it."""
+
+    driver: str
+    pool: str
+    device: str
+    node: str | None
+    """The node the device is attached to; None for devices of allNodes/nodeSelector slices."""
+    verdict: Verdict
+    text: str
+    """Plain words, starting with the device: "node-01/gpu-1 has memory 8Gi, needs >= 24Gi"."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.node or self.pool}/{self.device}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestExplanation:
+    """One request (``gpu``) or subrequest (``gpu/large``) of the claim."""
+
+    request: str
+    device_class: str
+    reason: Reason
+    """``Reason.FITS`` when the request can be satisfied on its own."""
+    message: str
+    """``request gpu: ...`` in plain words; for a fitting request, where it fits."""
+    pieces: tuple[Piece, ...]
+    """Always the four pieces, in ``PIECE_NAMES`` order."""
+    devices: tuple[DeviceVerdict, ...] = ()
+    """Every device of the complete pools, in natural order (empty if none was evaluated)."""
+    notes: tuple[str, ...] = ()
+    """Incomplete pools that may hold devices of the class."""
+    nodes: tuple[str, ...] = ()
+    """Nodes on which the request can be satisfied, sorted; empty when it cannot."""
+    subrequests: tuple[RequestExplanation, ...] = ()
+    """For ``firstAvailable``: each alternative, in the claim's order."""
+
+    @property
+    def satisfied(self) -> bool:
+        return self.reason == Reason.FITS
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Why one claim is (or is not) pending."""
+
+    claim: str
+    """``namespace/name``."""
+    reason: Reason
+    message: str
+    """One plain-words line for the Event: the most important missing piece first."""
+    pieces: tuple[Piece, ...]
+    """The four pieces for the whole claim (all requests), in ``PIECE_NAMES`` order."""
+    requests: tuple[RequestExplanation, ...] = ()
+
+    @property
+    def missing(self) -> bool:
+        """Whether a piece is missing, i.e. whether a Warning Event is due."""
+        return self.reason not in (Reason.ALLOCATED, Reason.SATISFIABLE)
+
+
+def explain_claim(
+    claim: Body,
+    *,
+    pod: Body | None = None,
+    classes: Mapping[str, Body],
+    slices: Sequence[Body],
+    claims: Sequence[Body],
+    nodes: Mapping[str, Body],
+    prepare_error: str | None = None,
+) -> Explanation:
+    """Explain ``claim`` against the cluster as the caller's caches show it.
+
+    ``classes`` and ``nodes`` map names to bodies; ``slices`` are all ResourceSlices (every
+    driver); ``claims`` may include ``claim`` itself (it never counts as holding a device).
+    ``pod`` is the pod that uses the claim, if known: without it, tolerations, nodeSelector,
+    node affinity and ``nodeName`` are not checked. ``prepare_error`` is the kubelet's
+    FailedPrepareDynamicResources text (e.g. "DRA driver gpu.example.com is not registered"),
+    which only the caller can see, in Events.
+    """
+    meta = claim.get("metadata") or {}
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    if (claim.get("status") or {}).get("allocation"):
+        return _explain_allocated(name, claim, pod, classes, slices, prepare_error)
+    if meta.get("deletionTimestamp"):
+        return Explanation(
+            name, Reason.CLAIM_DELETING, f"resourceclaim {name} is being deleted", _unchecked()
+        )
+    world = _build_world(claim, pod, slices, claims, nodes)
+    devices_spec = (claim.get("spec") or {}).get("devices") or {}
+    requests = tuple(
+        _explain_request(r, world, classes) for r in devices_spec.get("requests") or []
+    )
+    return _summarize(name, requests, bool(devices_spec.get("constraints")), prepare_error)
+
+
+def format_pieces(explanation: Explanation) -> str:
+    """The CLI's text: one line per piece, each ending in a newline, e.g.
+    ``class    OK   device class gpu-inferencia exists``."""
+    return "".join(f"{p.name:<8} {p.status:<4} {p.reason}\n" for p in explanation.pieces)
+
+
+# --- the claim as a whole ----------------------------------------------------------------
+
+
+def _summarize(
+    name: str,
+    requests: tuple[RequestExplanation, ...],
+    has_constraints: bool,
+    prepare_error: str | None,
+) -> Explanation:
+    pieces = _combine_pieces([r.pieces for r in requests], any_of=False)
+    if prepare_error:
+        pieces = _with_piece(pieces, Piece("driver", False, f"kubelet: {prepare_error}"))
+    failing = sorted((r for r in requests if not r.satisfied), key=lambda r: _SEVERITY[r.reason])
+    if failing:
+        message = _join_messages([r.message for r in failing])
+        return Explanation(name, failing[0].reason, message, pieces, requests)
+    common = sorted(set.intersection(*(set(r.nodes) for r in requests))) if requests else []
+    if requests and not common:
+        where = "; ".join(f"request {r.request} fits on {_names(r.nodes)}" for r in requests)
+        message = _bounded(f"no node satisfies every request: {where}")
+        pieces = _with_piece(pieces, Piece("node", False, message))
+        return Explanation(name, Reason.NO_COMMON_NODE, message, pieces, requests)
+    if prepare_error:
+        return Explanation(
+            name, Reason.DRIVER_NOT_READY, _bounded(f"kubelet: {prepare_error}"), pieces, requests
+        )
+    if not requests:
+        return Explanation(name, Reason.SATISFIABLE, "the claim requests no devices", pieces)
+    message = f"no missing piece found: every request can be satisfied on {_names(common)}"
+    if has_constraints:
+        message += " (constraints are not checked)"
+    return Explanation(name, Reason.SATISFIABLE, message, pieces, requests)
+
+
+def _explain_allocated(
+    name: str,
+    claim: Body,
+    pod: Body | None,
+    classes: Mapping[str, Body],
+    slices: Sequence[Body],
+    prepare_error: str | None,
+) -> Explanation:
+    """An allocated claim: the scheduler's part is done; only the kubelet's may be missing."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    node = ((pod or {}).get("spec") or {}).get("nodeName") or _allocation_node(allocation)
+    attached = _attached_nodes(slices)
+    labels = [
+        f"{attached.get(_result_key(r)) or r.get('pool')}/{r.get('device')}"
+        for r in sorted(results, key=lambda r: (_natural(str(r.get("pool"))), _result_key(r)))
+    ]
+    allocated = f"allocated {', '.join(labels)}" if labels else "allocated"
+    class_names = _class_names(claim)
+    class_reason = (
+        f"device class {', '.join(class_names)} exists"
+        if all(c in classes for c in class_names)
+        else f"allocated with device class {', '.join(class_names)}"
+    )
+    if ((pod or {}).get("spec") or {}).get("nodeName"):
+        node_reason = f"the pod is bound to {node}"
+    else:
+        node_reason = f"allocated for {node}" if node else "allocated for any node"
+    drivers = sorted({str(r.get("driver")) for r in results})
+    published = set(_slice_nodes(slices))
+    if prepare_error:
+        driver = Piece("driver", False, f"kubelet: {prepare_error}")
+    elif node and drivers and all((d, node) in published for d in drivers):
+        driver = Piece("driver", True, f"{', '.join(drivers)} published devices for {node}")
+    else:
+        driver = Piece("driver", True, "no prepare error reported")
+    pieces = (
+        Piece("class", True, class_reason),
+        Piece("devices", True, allocated),
+        Piece("node", True, node_reason),
+        driver,
+    )
+    if prepare_error:
+        message = _bounded(f"kubelet: {prepare_error}")
+        return Explanation(name, Reason.DRIVER_NOT_READY, message, pieces)
+    return Explanation(name, Reason.ALLOCATED, allocated + (f" on {node}" if node else ""), pieces)
+
+
+def _allocation_node(allocation: Body) -> str | None:
+    """The node of a node-local allocation: ``matchFields metadata.name In [node]``."""
+    terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+    names = {
+        str(value)
+        for term in terms
+        for field in term.get("matchFields") or []
+        if field.get("key") == "metadata.name" and field.get("operator") == "In"
+        for value in field.get("values") or []
+    }
+    return names.pop() if len(names) == 1 else None
+
+
+def _class_names(claim: Body) -> list[str]:
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    names = {str((r.get("exactly") or {}).get("deviceClassName", "")) for r in requests}
+    names |= {
+        str(s.get("deviceClassName", "")) for r in requests for s in r.get("firstAvailable") or []
+    }
+    return sorted(n for n in names if n)
+
+
+def _result_key(result: Body) -> DeviceKey:
+    return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+
+
+def _attached_nodes(slices: Sequence[Body]) -> dict[DeviceKey, str]:
+    attached: dict[DeviceKey, str] = {}
+    for body in slices:
+        spec = body.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name"))
+        for device in spec.get("devices") or []:
+            node = device.get("nodeName") or spec.get("nodeName")
+            if node:
+                attached[(str(spec.get("driver")), pool, str(device.get("name")))] = str(node)
+    return attached
+
+
+def _slice_nodes(slices: Sequence[Body]) -> Iterable[tuple[str, str]]:
+    for body in slices:
+        spec = body.get("spec") or {}
+        if spec.get("nodeName"):
+            yield str(spec.get("driver")), str(spec["nodeName"])
+
+
+# --- the cluster as the requests see it --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device:
+    driver: str
+    pool: str
+    node: str | None
+    body: Body
+
+    @property
+    def name(self) -> str:
+        return str(self.body.get("name", ""))
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.node or self.pool}/{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _IncompletePool:
+    driver: str
+    pool: str
+    generation: int
+    present: int
+    expected: int
+    devices: tuple[_Device, ...]
+
+    @property
+    def note(self) -> str:
+        return (
+            f"pool {self.pool} of {self.driver} is incomplete: {self.present} of "
+            f"{self.expected} slices at generation {self.generation}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _World:
+    devices: tuple[_Device, ...]
+    """Devices of complete pools at their highest generation, in natural order."""
+    incomplete: tuple[_IncompletePool, ...]
+    holders: Mapping[DeviceKey, tuple[str, ...]]
+    """Device -> ``ns/name`` of the other claims that hold it (admin access does not count)."""
+    exclusions: Mapping[str, str | None]
+    """Node -> why the pod cannot run there (None: it can), for every node we know of."""
+    bound_node: str | None
+
+
+def _build_world(
+    claim: Body,
+    pod: Body | None,
+    slices: Sequence[Body],
+    claims: Sequence[Body],
+    nodes: Mapping[str, Body],
+) -> _World:
+    devices, incomplete = _published(slices)
+    node_names = set(nodes) | {d.node for d in devices if d.node}
+    return _World(
+        devices=devices,
+        incomplete=incomplete,
+        holders=_holders(claims, claim),
+        exclusions={n: _node_exclusion(n, nodes.get(n), pod) for n in sorted(node_names)},
+        bound_node=((pod or {}).get("spec") or {}).get("nodeName") or None,
+    )
+
+
+def _published(slices: Sequence[Body]) -> tuple[tuple[_Device, ...], tuple[_IncompletePool, ...]]:
+    """Per (driver, pool), the slices of the highest generation, if the pool is complete.
+
+    That is what the scheduler's allocator uses: an older generation is being replaced, and
+    a pool with fewer slices than ``resourceSliceCount`` is still being written.
+    """
+    pools: dict[tuple[str, str], list[Body]] = {}
+    for body in slices:
+        spec = body.get("spec") or {}
+        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
+        if driver and pool:
+            pools.setdefault((str(driver), str(pool)), []).append(spec)
+    devices: list[_Device] = []
+    incomplete: list[_IncompletePool] = []
+    for (driver, pool), specs in pools.items():
+        generation = max(_pool_field(s, "generation", 0) for s in specs)
+        current = [s for s in specs if _pool_field(s, "generation", 0) == generation]
+        expected = max(_pool_field(s, "resourceSliceCount", 1) for s in current)
+        pool_devices = tuple(
+            _Device(driver, pool, d.get("nodeName") or s.get("nodeName") or None, d)
+            for s in current
+            for d in s.get("devices") or []
+        )
+        if len(current) == expected:
+            devices.extend(pool_devices)
+        else:
+            incomplete.append(
+                _IncompletePool(driver, pool, generation, len(current), expected, pool_devices)
+            )
+    devices.sort(key=_device_order)
+    incomplete.sort(key=lambda p: (_natural(p.pool), p.driver))
+    return tuple(devices), tuple(incomplete)
+
+
+def _pool_field(spec: Body, field: str, default: int) -> int:
+    value = (spec.get("pool") or {}).get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _holders(claims: Sequence[Body], this: Body) -> dict[DeviceKey, tuple[str, ...]]:
+    this_meta = this.get("metadata") or {}
+    holders: dict[DeviceKey, set[str]] = {}
+    for other in claims:
+        meta = other.get("metadata") or {}
+        same_name = (meta.get("namespace"), meta.get("name")) == (
+            this_meta.get("namespace"),
+            this_meta.get("name"),
+        )
+        if same_name or (this_meta.get("uid") and meta.get("uid") == this_meta.get("uid")):
+            continue
+        allocation = (other.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            # Admin access (DRAAdminAccess) does not take the device from anyone.
+            if not result.get("adminAccess"):
+                owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+                holders.setdefault(_result_key(result), set()).add(owner)
+    return {key: tuple(sorted(owners)) for key, owners in holders.items()}
+
+
+# --- nodes -------------------------------------------------------------------------------
+
+
+def _node_exclusion(name: str, node: Body | None, pod: Body | None) -> str | None:
+    """Why the pod cannot run on node ``name``, in plain words; None if nothing stops it.
+
+    The simple part of the scheduler's node filters: nodeName, existence, Ready, cordon,
+    NoSchedule/NoExecute taints, nodeSelector, required node affinity. Without a pod, only
+    what holds for any pod is checked (the node exists, is Ready and not cordoned).
+    """
+    pod_spec = (pod or {}).get("spec") or {}
+    bound = pod_spec.get("nodeName")
+    if bound and bound != name:
+        return f"the pod is bound to {bound}"
+    if node is None:
+        return f"node {name} does not exist"
+    if not _node_ready(node):
+        return f"node {name} is not Ready"
+    node_spec = node.get("spec") or {}
+    tolerations = pod_spec.get("tolerations") or []
+    cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+    if node_spec.get("unschedulable") and not _tolerated(cordon, tolerations):
+        return f"node {name} is cordoned (unschedulable)"
+    if pod is None:
+        return None
+    for taint in node_spec.get("taints") or []:
+        effect = taint.get("effect")
+        if effect in ("NoSchedule", "NoExecute") and not _tolerated(taint, tolerations):
+            return f"node {name} has taint {_taint_text(taint)}, which the pod does not tolerate"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    selector = pod_spec.get("nodeSelector") or {}
+    wrong = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
+    if wrong:
+        return f"node {name} does not match the pod's nodeSelector {','.join(wrong)}"
+    if not _affinity_allows(pod_spec, name, labels):
+        return f"node {name} does not match the pod's required node affinity"
+    return None
+
+
+def _node_ready(node: Body) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _tolerated(taint: Body, tolerations: Iterable[Body]) -> bool:
+    """Kubernetes' ToleratesTaint: effect, key (an empty key with Exists matches any), value."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+            continue
+        key = toleration.get("key")
+        if key and key != taint.get("key"):
+            continue
+        operator = toleration.get("operator") or "Equal"
+        if operator == "Exists":
+            return True
+        if (
+            key
+            and operator == "Equal"
+            and (toleration.get("value") or "") == (taint.get("value") or "")
+        ):
+            return True
+    return False
+
+
+def _taint_text(taint: Body) -> str:
+    value = f"={taint['value']}" if taint.get("value") else ""
+    return f"{taint.get('key')}{value}:{taint.get('effect')}"
+
+
+def _affinity_allows(pod_spec: Body, name: str, labels: Mapping[str, str]) -> bool:
+    node_affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms")
+    if terms is None:
+        return True
+    # Terms are ORed; within a term, every expression and field must hold.
+    return any(_term_matches(term, name, labels) for term in terms)
+
+
+def _term_matches(term: Body, name: str, labels: Mapping[str, str]) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # an empty term matches no node
+    return all(_requirement_holds(e, labels.get(e.get("key", ""))) for e in expressions) and all(
+        f.get("key") == "metadata.name" and _requirement_holds(f, name) for f in fields
+    )
+
+
+def _requirement_holds(requirement: Body, value: str | None) -> bool:
+    operator = requirement.get("operator")
+    values = [str(v) for v in requirement.get("values") or []]
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
+# --- one request -------------------------------------------------------------------------
+
+
+def _explain_request(
+    request: Body, world: _World, classes: Mapping[str, Body]
+) -> RequestExplanation:
+    name = str(request.get("name", ""))
+    if request.get("firstAvailable") and request.get("exactly") is None:
+        alternatives = tuple(
+            _explain_exact(f"{name}/{sub.get('name', '')}", sub, world, classes)
+            for sub in request["firstAvailable"]
+        )
+        return _first_available(name, alternatives)
+    return _explain_exact(name, request.get("exactly") or {}, world, classes)
+
+
+def _first_available(name: str, alternatives: tuple[RequestExplanation, ...]) -> RequestExplanation:
+    """The request fits if any alternative does; but a missing class or a selector that does
+    not compile in any alternative stops the scheduler before it tries one (PreFilter)."""
+    blocked = [
+        a
+        for a in alternatives
+        if a.reason in (Reason.DEVICE_CLASS_MISSING, Reason.SELECTOR_INVALID)
+    ]
+    if blocked:
+        return dataclasses.replace(blocked[0], request=name, nodes=(), subrequests=alternatives)
+    fitting = [a for a in alternatives if a.satisfied]
+    if fitting:
+        nodes = tuple(sorted({n for a in fitting for n in a.nodes}))
+        return dataclasses.replace(fitting[0], request=name, nodes=nodes, subrequests=alternatives)
+    ranked = sorted(alternatives, key=lambda a: _SEVERITY[a.reason])
+    return RequestExplanation(
+        request=name,
+        device_class=", ".join(a.device_class for a in alternatives),
+        reason=ranked[0].reason,
+        message=_join_messages([a.message for a in ranked]),
+        pieces=_combine_pieces([a.pieces for a in alternatives], any_of=True),
+        subrequests=alternatives,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Selector:
+    index: int
+    compiled: cel.Compiled
+    owner: str
+    """``"class gpu-inferencia "`` for a class selector, ``""`` for the request's own."""
+
+
+def _explain_exact(
+    name: str, spec: Body, world: _World, classes: Mapping[str, Body]
+) -> RequestExplanation:
+    class_name = str(spec.get("deviceClassName", ""))
+    device_class = classes.get(class_name)
+    if device_class is None:
+        # The scheduler's own words (PreFilter), so the two messages can be matched up.
+        message = f"request {name}: device class {class_name} does not exist"
+        pieces = (Piece("class", False, message), *_unchecked()[1:])
+        return RequestExplanation(name, class_name, Reason.DEVICE_CLASS_MISSING, message, pieces)
+    class_selectors = _selectors((device_class.get("spec") or {}).get("selectors"), class_name)
+    request_selectors = _selectors(spec.get("selectors"), None)
+    class_ok = Piece("class", True, f"device class {class_name} exists")
+    for selectors, piece in ((class_selectors, "class"), (request_selectors, "devices")):
+        problem = _compile_problem(selectors)
+        if problem is not None:
+            message = f"request {name}: {problem}"
+            pieces = _with_piece((class_ok, *_unchecked()[1:]), Piece(piece, False, message))
+            return RequestExplanation(name, class_name, Reason.SELECTOR_INVALID, message, pieces)
+    check = _RequestCheck(name, class_name, spec, world, class_selectors + request_selectors)
+    return check.explain()
+
+
+def _selectors(raw: Sequence[Body] | None, class_name: str | None) -> tuple[_Selector, ...]:
+    owner = f"class {class_name} " if class_name is not None else ""
+    return tuple(
+        _Selector(i, cel.compile_selector(str((s.get("cel") or {}).get("expression", ""))), owner)
+        for i, s in enumerate(raw or [])
+    )
+
+
+def _compile_problem(selectors: Sequence[_Selector]) -> str | None:
+    for selector in selectors:
+        compiled = selector.compiled
+        if compiled.error is not None:
+            where = f"device {selector.owner.strip()}: " if selector.owner else ""
+            return (
+                f"{where}selector #{selector.index} does not compile: {_one_line(compiled.error)} "
+                f"({_short(compiled.expression)})"
+            )
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    device: _Device
+    verdict: Verdict
+    text: str
+    passed: bool
+    """Whether every selector accepted the device (whatever its allocation or node)."""
+
+    def public(self) -> DeviceVerdict:
+        d = self.device
+        return DeviceVerdict(d.driver, d.pool, d.name, d.node, self.verdict, self.text)
+
+
+class _RequestCheck:
+    """One exactly-request (or subrequest) against every published device."""
+
+    def __init__(
+        self,
+        name: str,
+        class_name: str,
+        spec: Body,
+        world: _World,
+        selectors: tuple[_Selector, ...],
+    ) -> None:
+        self.name = name
+        self.class_name = class_name
+        self.world = world
+        self.selectors = selectors
+        self.all_mode = spec.get("allocationMode") == "All"
+        count = spec.get("count")
+        self.count = count if isinstance(count, int) and count > 0 and not self.all_mode else 1
+        self.checked = [self._check(d) for d in world.devices]
+        self.groups: dict[Verdict, list[_Checked]] = {v: [] for v in Verdict}
+        for checked in self.checked:
+            self.groups[checked.verdict].append(checked)
+        self.passing = [c for c in self.checked if c.passed]
+        self.notes = tuple(p.note for p in world.incomplete if self._may_hold_class(p))
+
+    # Per device.
+
+    def _check(self, device: _Device) -> _Checked:
+        excluded = self.world.exclusions.get(device.node) if device.node else None
+        for selector in self.selectors:
+            problem = _evaluate(selector, device)
+            if problem is None:
+                continue
+            verdict, text = problem
+            if verdict == Verdict.ERROR and excluded is not None:
+                # The scheduler filters the node out first and never evaluates its devices.
+                return _Checked(device, Verdict.EXCLUDED, f"{device.label}: {excluded}", False)
+            if verdict == Verdict.MISMATCH and selector.owner:
+                verdict = Verdict.OTHER_CLASS
+            return _Checked(device, verdict, text, False)
+        holders = self.world.holders.get(device.key)
+        if holders:
+            text = f"{device.label} is allocated to {', '.join(holders)}"
+            return _Checked(device, Verdict.ALLOCATED, text, True)
+        if excluded is not None:
+            return _Checked(device, Verdict.EXCLUDED, f"{device.label}: {excluded}", True)
+        return _Checked(device, Verdict.FITS, f"{device.label} fits", True)
+
+    def _may_hold_class(self, pool: _IncompletePool) -> bool:
+        # An incomplete pool of another driver is no business of this request; an empty one
+        # may be half written, so it is mentioned.
+        class_selectors = [s for s in self.selectors if s.owner]
+        return not pool.devices or any(
+            all(_evaluate(s, d) is None for s in class_selectors) for d in pool.devices
+        )
+
+    # The request as a whole.
+
+    def explain(self) -> RequestExplanation:
+        if not any(c.verdict != Verdict.OTHER_CLASS for c in self.checked):
+            return self._nothing_published()
+        if self.groups[Verdict.ERROR]:
+            listing = _listing([(self.groups[Verdict.ERROR], "more fail")])
+            return self._failure(Reason.SELECTOR_ERROR, f"selector error: {listing}")
+        if not self.passing:
+            return self._failure(Reason.NO_DEVICE_FITS, f"no device fits: {self._all_items()}")
+        nodes = self._fitting_nodes(lambda c: c.verdict == Verdict.FITS, respect_exclusion=True)
+        if nodes:
+            return self._fits(nodes)
+        if not self._fitting_nodes(lambda c: True, respect_exclusion=False):
+            reason = Reason.NOT_ENOUGH_DEVICES
+        elif not self._fitting_nodes(
+            lambda c: c.verdict != Verdict.ALLOCATED, respect_exclusion=False
+        ):
+            reason = Reason.DEVICES_ALLOCATED
+        else:
+            reason = Reason.NODE_EXCLUDED
+        return self._failure(reason, f"{self._headline()}: {self._all_items()}")
+
+    def _fitting_nodes(
+        self, usable: Callable[[_Checked], bool], *, respect_exclusion: bool
+    ) -> list[str]:
+        """Nodes where enough passing devices are ``usable`` (for All: every one of them)."""
+        local: dict[str, list[_Checked]] = {}
+        anywhere: list[_Checked] = []  # devices of allNodes/nodeSelector slices
+        for checked in self.passing:
+            node = checked.device.node
+            (local.setdefault(node, []) if node else anywhere).append(checked)
+        candidates = set(local) | (set(self.world.exclusions) if anywhere else set())
+        if respect_exclusion:
+            candidates = {n for n in candidates if self.world.exclusions.get(n) is None}
+        fitting = []
+        for node in sorted(candidates, key=_natural):
+            devices = local.get(node, []) + anywhere
+            if self.all_mode:
+                ok = bool(devices) and all(usable(c) for c in devices)
+            else:
+                ok = sum(1 for c in devices if usable(c)) >= self.count
+            if ok:
+                fitting.append(node)
+        return fitting
+
+    def _headline(self) -> str:
+        if self.all_mode:
+            return "needs every matching device of one node, free"
+        if self.count == 1:
+            return "no device fits"
+        free = [c.device.node for c in self.groups[Verdict.FITS]]
+        most = max((free.count(n) for n in set(free)), default=0)
+        return f"needs {self.count} devices on one node, at most {most} available"
+
+    def _all_items(self) -> str:
+        groups = [
+            (self.groups[Verdict.MISMATCH], "more do not match"),
+            (self.groups[Verdict.ALLOCATED], "more are allocated"),
+            (self.groups[Verdict.EXCLUDED], "more are on excluded nodes"),
+            (self.groups[Verdict.FITS], "more fit"),
+        ]
+        return "; ".join(filter(None, [_listing(groups), *self.notes]))
+
+    def _nothing_published(self) -> RequestExplanation:
+        if not self.world.devices and not self.notes:
+            return self._failure(Reason.NO_DEVICES_PUBLISHED, "no devices published")
+        headline = (
+            f"no device of class {self.class_name} published"
+            if self.world.devices
+            else "no devices published"
+        )
+        listing = _listing([(self.groups[Verdict.OTHER_CLASS], "more are of other classes")])
+        details = "; ".join(filter(None, [*self.notes, listing]))
+        reason = Reason.POOL_INCOMPLETE if self.notes else Reason.NO_DEVICES_PUBLISHED
+        return self._failure(reason, f"{headline}: {details}")
+
+    def _failure(self, reason: Reason, text: str) -> RequestExplanation:
+        message = _bounded(f"request {self.name}: {text}")
+        devices_piece = Piece("devices", False, message)
+        node_piece = self._node_piece() if self.passing else Piece("node", None, NOT_CHECKED)
+        if reason == Reason.NODE_EXCLUDED:
+            # Enough free devices pass, on nodes the pod cannot use: the devices are there.
+            devices_piece = Piece("devices", True, self._free_text())
+            node_piece = Piece("node", False, self._exclusions_text())
+        return self._result(reason, message, devices_piece, node_piece, driver_ok=None)
+
+    def _fits(self, nodes: list[str]) -> RequestExplanation:
+        bound = self.world.bound_node
+        node_reason = (
+            f"the pod is bound to {bound}" if bound else f"{_names(nodes)} can run the pod"
+        )
+        drivers = sorted({c.device.driver for c in self.groups[Verdict.FITS]})
+        driver_reason = f"{', '.join(drivers)} published devices for {_names(nodes)}"
+        return self._result(
+            Reason.FITS,
+            f"request {self.name}: fits on {_names(nodes)}",
+            Piece("devices", True, self._free_text()),
+            Piece("node", True, node_reason),
+            driver_ok=driver_reason,
+            nodes=tuple(nodes),
+        )
+
+    def _free_text(self) -> str:
+        free = [c for c in self.passing if c.verdict != Verdict.ALLOCATED]
+        labels = [c.device.label for c in free]
+        shown = ", ".join(labels[:LIST_LIMIT])
+        more = f" and {len(labels) - LIST_LIMIT} more" if len(labels) > LIST_LIMIT else ""
+        return f"{shown}{more} {'fits' if len(labels) == 1 else 'fit'}"
+
+    def _node_piece(self) -> Piece:
+        """Whether a node the pod may use holds a device that passes the selectors."""
+        anywhere = any(c.device.node is None for c in self.passing)
+        nodes = {c.device.node for c in self.passing if c.device.node}
+        if anywhere:
+            nodes |= set(self.world.exclusions)
+        eligible = sorted((n for n in nodes if self.world.exclusions.get(n) is None), key=_natural)
+        if eligible:
+            return Piece("node", True, f"{_names(eligible)} can run the pod")
+        return Piece("node", False, self._exclusions_text())
+
+    def _exclusions_text(self) -> str:
+        excluded = [c for c in self.passing if c.verdict == Verdict.EXCLUDED]
+        listing = _listing([(excluded, "more are on excluded nodes")])
+        return _bounded(f"request {self.name}: {listing or 'no node can run the pod'}")
+
+    def _result(
+        self,
+        reason: Reason,
+        message: str,
+        devices_piece: Piece,
+        node_piece: Piece,
+        *,
+        driver_ok: str | None,
+        nodes: tuple[str, ...] = (),
+    ) -> RequestExplanation:
+        driver_piece = (
+            Piece("driver", True, driver_ok) if driver_ok else Piece("driver", None, NOT_CHECKED)
+        )
+        return RequestExplanation(
+            request=self.name,
+            device_class=self.class_name,
+            reason=reason,
+            message=message,
+            pieces=(
+                Piece("class", True, f"device class {self.class_name} exists"),
+                devices_piece,
+                node_piece,
+                driver_piece,
+            ),
+            devices=tuple(c.public() for c in self.checked),
+            notes=self.notes,
+            nodes=nodes,
+        )
+
+
+# --- selectors in plain words ------------------------------------------------------------
+
+
+def _evaluate(selector: _Selector, device: _Device) -> tuple[Verdict, str] | None:
+    """None when the selector accepts the device; otherwise the verdict and why, in words."""
+    result = cel.evaluate(selector.compiled, device.driver, device.body)
+    if result.error is not None:
+        where = f"{selector.owner}selector #{selector.index}"
+        return Verdict.ERROR, f"{device.label}: {where}: {_one_line(result.error)}"
+    if result.matched:
+        return None
+    return Verdict.MISMATCH, _mismatch_text(selector, device)
+
+
+_S = r"\s*"
+_CAPACITY = (
+    rf'device{_S}\.{_S}capacity{_S}\[{_S}"(?P<domain>[^"]+)"{_S}\]{_S}'
+    rf'(?:\.{_S}(?P<name>[A-Za-z_]\w*)|\[{_S}"(?P<qname>[^"]+)"{_S}\])'
+)
+_QUANTITY = rf'quantity{_S}\({_S}"(?P<quantity>[^"]+)"{_S}\)'
+_COMPARE_TO = re.compile(
+    rf"{_S}{_CAPACITY}{_S}\.{_S}compareTo{_S}\({_S}{_QUANTITY}{_S}\){_S}"
+    rf"(?P<op>>=|<=|==|!=|>|<){_S}(?P<n>-?\d+){_S}"
+)
+_IS_GREATER_OR_LESS = re.compile(
+    rf"{_S}(?P<neg>!?){_S}{_CAPACITY}{_S}\.{_S}(?P<method>isGreaterThan|isLessThan){_S}"
+    rf"\({_S}{_QUANTITY}{_S}\){_S}"
+)
+_DRIVER_IS = re.compile(rf'{_S}device{_S}\.{_S}driver{_S}=={_S}"(?P<driver>[^"]*)"{_S}')
+_ATTRIBUTE_IS = re.compile(
+    rf'{_S}device{_S}\.{_S}attributes{_S}\[{_S}"(?P<domain>[^"]+)"{_S}\]{_S}'
+    rf'(?:\.{_S}(?P<name>[A-Za-z_]\w*)|\[{_S}"(?P<qname>[^"]+)"{_S}\]){_S}=={_S}'
+    rf'(?P<literal>"[^"]*"|-?\d+|true|false){_S}'
+)
+# `x.compareTo(q) OP n` as a relation between x and q; None where it is not that simple.
+_RELATIONS = {
+    (">=", 0): ">=", (">", 0): ">", ("<=", 0): "<=", ("<", 0): "<", ("==", 0): "==",
+    ("!=", 0): "!=", ("==", 1): ">", (">=", 1): ">", ("!=", 1): "<=", ("<", 1): "<=",
+    ("==", -1): "<", ("<=", -1): "<", ("!=", -1): ">=", (">", -1): ">=",
+}  # fmt: skip
+_METHOD_RELATIONS = {
+    ("", "isGreaterThan"): ">", ("!", "isGreaterThan"): "<=",
+    ("", "isLessThan"): "<", ("!", "isLessThan"): ">=",
+}  # fmt: skip
+
+
+def _mismatch_text(selector: _Selector, device: _Device) -> str:
+    """Why ``device`` fails ``selector``: read from the device for the common simple forms
+    (capacity comparisons, driver and attribute equality), else the selector itself."""
+    expression = selector.compiled.expression
+    for explain in (_capacity_mismatch, _driver_mismatch, _attribute_mismatch):
+        text = explain(expression, device)
+        if text is not None:
+            return f"{device.label} {text}"
+    where = f"{selector.owner}selector #{selector.index}"
+    return f"{device.label} does not match {where} ({_short(expression)})"
+
+
+def _capacity_mismatch(expression: str, device: _Device) -> str | None:
+    match = _COMPARE_TO.fullmatch(expression)
+    if match is not None:
+        relation = _RELATIONS.get((match["op"], int(match["n"])))
+    else:
+        match = _IS_GREATER_OR_LESS.fullmatch(expression)
+        relation = _METHOD_RELATIONS.get((match["neg"], match["method"])) if match else None
+    if match is None or relation is None:
+        return None
+    name = match["name"] or match["qname"]
+    shown, value = _lookup(device, "capacity", match["domain"], name)
+    needs = f"needs {relation} {match['quantity']}"
+    if not isinstance(value, Mapping) or "value" not in value:
+        return f"has no {shown} capacity, {needs}"
+    return f"has {shown} {value['value']}, {needs}"
+
+
+def _driver_mismatch(expression: str, device: _Device) -> str | None:
+    match = _DRIVER_IS.fullmatch(expression)
+    if match is None:
+        return None
+    return f"has driver {device.driver}, needs {match['driver']}"
+
+
+def _attribute_mismatch(expression: str, device: _Device) -> str | None:
+    match = _ATTRIBUTE_IS.fullmatch(expression)
+    if match is None:
+        return None
+    shown, value = _lookup(device, "attributes", match["domain"], match["name"] or match["qname"])
+    needs = f"needs {match['literal']}"
+    if not isinstance(value, Mapping) or not value:
+        return f"has no {shown} attribute, {needs}"
+    kind, raw = next(iter(value.items()))
+    text = f'"{raw}"' if kind in ("string", "version") else str(raw).lower()
+    return f"has {shown} {text}, {needs}"
+
+
+def _lookup(device: _Device, field: str, domain: str, name: str) -> tuple[str, object]:
+    """A capacity or attribute by CEL's (domain, name); bare names are the driver's domain."""
+    values = device.body.get(field) or {}
+    qualified = f"{domain}/{name}"
+    if domain == device.driver:
+        return name, values.get(name, values.get(qualified))
+    return qualified, values.get(qualified)
+
+
+# --- small helpers -----------------------------------------------------------------------
+
+
+def _listing(groups: Sequence[tuple[Sequence[_Checked], str]]) -> str:
+    """Each group's first ``LIST_LIMIT`` texts, then "and N <phrase>"; groups in order."""
+    parts: list[str] = []
+    for checked, phrase in groups:
+        parts.extend(c.text for c in checked[:LIST_LIMIT])
+        if len(checked) > LIST_LIMIT:
+            parts.append(f"and {len(checked) - LIST_LIMIT} {phrase}")
+    return "; ".join(parts)
+
+
+def _combine_pieces(rows: Sequence[tuple[Piece, ...]], *, any_of: bool) -> tuple[Piece, ...]:
+    """The pieces of several requests: all must be satisfied (a claim's requests), or any
+    (a firstAvailable request's alternatives)."""
+    if not rows:
+        return tuple(Piece(name, True, "no devices requested") for name in PIECE_NAMES)
+    combined = []
+    for index, name in enumerate(PIECE_NAMES):
+        states = [row[index] for row in rows]
+        if any_of and any(p.satisfied for p in states):
+            satisfied: bool | None = True
+        elif any(p.satisfied is False for p in states):
+            satisfied = False
+        else:
+            satisfied = True if all(p.satisfied for p in states) else None
+        chosen = [p.reason for p in states if p.satisfied is satisfied]
+        reason = " | ".join(dict.fromkeys(chosen)) if satisfied is not None else NOT_CHECKED
+        combined.append(Piece(name, satisfied, _bounded(reason)))
+    return tuple(combined)
+
+
+def _with_piece(pieces: Sequence[Piece], replacement: Piece) -> tuple[Piece, ...]:
+    return tuple(replacement if p.name == replacement.name else p for p in pieces)
+
+
+def _unchecked() -> tuple[Piece, ...]:
+    return tuple(Piece(name, None, NOT_CHECKED) for name in PIECE_NAMES)
+
+
+def _join_messages(messages: Sequence[str]) -> str:
+    shown = list(messages[:REQUEST_LIMIT])
+    if len(messages) > REQUEST_LIMIT:
+        shown.append(f"and {len(messages) - REQUEST_LIMIT} more requests")
+    return _bounded(" | ".join(shown))
+
+
+def _names(nodes: Sequence[str]) -> str:
+    shown = ", ".join(nodes[:LIST_LIMIT])
+    return f"{shown} and {len(nodes) - LIST_LIMIT} more" if len(nodes) > LIST_LIMIT else shown
+
+
+def _short(expression: str, limit: int = 80) -> str:
+    collapsed = " ".join(expression.split())
+    return collapsed if len(collapsed) <= limit else collapsed[: limit - 1] + "…"
+
+
+def _one_line(error: str, limit: int = 200) -> str:
+    """A CEL error fit for a one-line message: the parser's caret drawing ("| ...") and its
+    copy of the expression (quoted separately) dropped, whitespace collapsed, cut."""
+    kept = " ".join(line for line in error.splitlines() if not line.lstrip().startswith("|"))
+    text = _PARSE_PREFIX.sub("", " ".join(kept.split()), count=1)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_PARSE_PREFIX = re.compile(r"^Failed to parse expression '.*?': ")
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
+def _natural(text: str) -> tuple[str | int, ...]:
+    # "gpu-2" before "gpu-10". re.split alternates text and digits, so positions never mix types.
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", text)))
+
+
+def _device_order(device: _Device) -> tuple[tuple[str | int, ...], ...]:
+    return (
+        _natural(device.node or device.pool),
+        _natural(device.driver),
+        _natural(device.pool),
+        _natural(device.name),
+    )
