@@ -385,6 +385,7 @@ _QUANTITY_FORMAT_ERROR: Final = (
     "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 )
 _QUANTITY_SUFFIX_ERROR: Final = "unable to parse quantity's suffix"
+_QUANTITY_NUMERIC_ERROR: Final = "unable to parse numeric part of quantity"
 _DECIMAL_SUFFIXES: Final = {
     "": 0,
     "n": -9,
@@ -472,14 +473,22 @@ def _parse_quantity(text: str) -> _Decimal:
     """The value of ``text`` exactly as ParseQuantity computes it; ValueError if it rejects it."""
     if not text:
         raise ValueError(_QUANTITY_FORMAT_ERROR)
-    negative, num, denom, suffix = _scan_quantity(text)
+    negative, num, denom, suffix, has_digits = _scan_quantity(text)
     if len(num) + len(denom) > _MAX_DIGITS:
         raise ValueError(f"more than {_MAX_DIGITS} digits")
     binary = suffix in _BINARY_SUFFIXES
     if binary:
-        mantissa, exponent = int(num + denom) << _BINARY_SUFFIXES[suffix], -len(denom)
+        power = _BINARY_SUFFIXES[suffix]
+        mantissa, exponent = int(num + denom) << power, -len(denom)
+        # ParseQuantity's int64 fast path; "Mi" is zero there, while "Pi" takes the
+        # arbitrary-precision path, which wants a digit.
+        fast = not denom and 15 - len(num) - power * 3 // 10 - 1 >= 0
     else:
-        mantissa, exponent = int(num + denom), _decimal_exponent(suffix) - len(denom)
+        suffix_exponent = _decimal_exponent(suffix)
+        mantissa, exponent = int(num + denom), suffix_exponent - len(denom)
+        fast = 18 - len(num) - len(denom) >= 0 and exponent >= -9
+    if not has_digits and not fast:
+        raise ValueError(_QUANTITY_NUMERIC_ERROR)
     # "rounds non-zero values up to the minimum representable value": nano units, away from 0.
     if mantissa and exponent < -9:
         shift = -9 - exponent
@@ -495,9 +504,12 @@ def _parse_quantity(text: str) -> _Decimal:
     return _Decimal(-value.mantissa, value.exponent) if negative else value
 
 
-def _scan_quantity(text: str) -> tuple[bool, str, str, str]:
-    # A transcription of apimachinery's parseQuantityString, quirks included: "+", "-", "."
-    # and "5." are zero or five, and a suffix is any run of suffix letters, a sign and digits.
+def _scan_quantity(text: str) -> tuple[bool, str, str, str, bool]:
+    """(negative, integer digits, fraction digits, suffix, whether the number had any digit).
+
+    A transcription of apimachinery's parseQuantityString, quirks included: "+", "-", "."
+    and "5." are zero or five, and a suffix is any run of suffix letters, a sign and digits.
+    """
     end = len(text)
     pos = 0
     negative = False
@@ -507,7 +519,7 @@ def _scan_quantity(text: str) -> tuple[bool, str, str, str]:
     while pos < end and text[pos] == "0":
         pos += 1
     if pos >= end:
-        return negative, "0", "", ""
+        return negative, "0", "", "", True
     start = pos
     while pos < end and text[pos] in _DIGITS:
         pos += 1
@@ -528,7 +540,8 @@ def _scan_quantity(text: str) -> tuple[bool, str, str, str]:
         pos += 1
     if pos < end:
         raise ValueError(_QUANTITY_FORMAT_ERROR)
-    return negative, num, denom, text[suffix_start:]
+    has_digits = any(c in _DIGITS for c in text[:suffix_start])
+    return negative, num, denom, text[suffix_start:], has_digits
 
 
 def _decimal_exponent(suffix: str) -> int:

@@ -6,7 +6,9 @@ these tests replay the tutorial's states with hand-made slices and read what it 
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -265,3 +267,90 @@ async def test_two_replicas_one_speaks_and_a_failover_repeats_nothing(
             await controller.astart()
     finally:
         second.stop()
+
+
+async def test_dra_gpu_explain_prints_the_four_pieces(
+    api: kube.Kube,
+    kubectl: Kubectl,
+    namespace: str,
+    control_plane: ControlPlane,
+    tutorial_objects: None,
+) -> None:
+    ns = namespace
+    await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "recomendador.yaml"))
+    await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
+
+    async def pod_name() -> str | None:
+        pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+        return pods[0]["metadata"]["name"] if pods else None
+
+    pod = await eventually(pod_name, what="the pod")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dra_gpu",
+        "explain",
+        f"pod/{pod}",
+        "-n",
+        ns,
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert lines[0].startswith(f"ResourceClaim {ns}/{pod}-gpu-")
+    assert lines[1].split()[:3] == ["class", "OK", "device"]
+    assert lines[2].split(None, 2) == ["devices", "NO", "request gpu: no devices published"]
+    assert [line.split()[0] for line in lines[1:]] == ["class", "devices", "node", "driver"]
+
+    missing = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dra_gpu",
+        "explain",
+        "pod/nope",
+        "-n",
+        ns,
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await missing.communicate()
+    assert missing.returncode == 1
+    assert f"pod {ns}/nope not found" in err.decode()
+
+
+async def test_our_slices_of_a_vanished_node_are_deleted_and_hand_made_ones_kept(
+    api: kube.Kube, controller: ControllerProcess
+) -> None:
+    def body(name: str, labels: dict[str, str]) -> kube.Body:
+        return {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "driver": "gpu.example.com",
+                "nodeName": "node-vanished",
+                "pool": {"name": "node-vanished", "generation": 1, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        }
+
+    ours = body("node-vanished-ours", {"app.kubernetes.io/managed-by": "dra-gpu"})
+    await api.create(f"{RESOURCE}/resourceslices", ours)
+    await api.create(f"{RESOURCE}/resourceslices", body("node-vanished-by-hand", {}))
+    try:
+
+        async def deleted() -> bool:
+            names = {
+                s["metadata"]["name"]
+                for s in (await api.get(f"{RESOURCE}/resourceslices"))["items"]
+            }
+            return "node-vanished-ours" not in names and "node-vanished-by-hand" in names
+
+        await eventually(deleted, what="our slice of node-vanished deleted")
+        assert "dra_gpu_stale_slices_deleted_total 1.0" in controller.metrics()
+    finally:
+        await api.delete(f"{RESOURCE}/resourceslices/node-vanished-by-hand")
+        await api.delete(f"{RESOURCE}/resourceslices/node-vanished-ours")
