@@ -57,6 +57,8 @@ $(PYDRA_VENV)/.installed:
 
 bench: venv kubebins $(PYDRA_VENV)/.installed
 	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python
+	$(BIN)/python benchmarks/bench_controller.py
+	$(BIN)/python benchmarks/bench_cel.py
 
 cluster-up: venv kubebins
 	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR)
