@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stats import percentile
+
 from dra_gpu import kube
 from dra_gpu.testing import ControllerProcess, ControlPlane, eventually
 
@@ -159,8 +161,7 @@ async def run(
             memory = rss_mib(controller.pid or 0)
         finally:
             controller.stop()
-    lags.sort()
-    p50, p99 = lags[len(lags) // 2], lags[min(len(lags) - 1, round(0.99 * (len(lags) - 1)))]
+    p50, p99 = percentile(lags, 50), percentile(lags, 99)
     print(f"\ncontroller, {nodes} nodes x {devices} devices, {claims} claims")
     print(f"  complete view after start   {complete:7.2f} s   (goal <= 10 s)")
     print(

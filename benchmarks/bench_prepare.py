@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import grpc
+from stats import percentile
 
 from dra_gpu import files, kube
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
@@ -38,11 +39,6 @@ from dra_gpu.testing._agent import AgentProcess
 NODE = "bench-node"
 DRIVER = "gpu.example.com"
 DEVICES = 128
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def report(name: str, seconds: list[float]) -> tuple[float, float]:

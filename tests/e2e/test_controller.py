@@ -47,7 +47,18 @@ async def tutorial_objects(api: kube.Kube) -> AsyncIterator[None]:
 
 
 async def blocker(api: kube.Kube, ns: str, name: str, selector: str | None = None) -> None:
-    """A pod bound to node-01 whose claim takes a device (no driver runs: it stays Pending)."""
+    """A pod whose claim takes a device on node-01 (no driver runs: the pod stays Pending)."""
+    await claim_with_pod(api, ns, name, selector)
+
+    async def allocated() -> bool:
+        claim = await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
+        return bool(claim.get("status", {}).get("allocation"))
+
+    await eventually(allocated, what=f"claim {name} allocated")
+
+
+async def claim_with_pod(api: kube.Kube, ns: str, name: str, selector: str | None = None) -> None:
+    """A claim for one gpu-inferencia device and a pod that uses it."""
     request: kube.Body = {"deviceClassName": "gpu-inferencia"}
     if selector:
         request["selectors"] = [{"cel": {"expression": selector}}]
@@ -70,12 +81,6 @@ async def blocker(api: kube.Kube, ns: str, name: str, selector: str | None = Non
             },
         },
     )
-
-    async def allocated() -> bool:
-        claim = await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
-        return bool(claim.get("status", {}).get("allocation"))
-
-    await eventually(allocated, what=f"claim {name} allocated")
 
 
 BIG = 'device.capacity["gpu.example.com"].memory.compareTo(quantity("24Gi")) >= 0'
@@ -169,36 +174,10 @@ async def test_both_gpus_taken_names_their_holders(
     await kubectl("apply", "-f", str(EXAMPLES / "resourceslice.yaml"))
     await blocker(api, ns, "other-0", BIG)
     await blocker(api, ns, "other-1")
-    await blocker_pending(api, ns, "late")
+    await claim_with_pod(api, ns, "late")
     event = await eventually(lambda: explained(api, ns, "is allocated to"), what="allocated-to")
     assert f"node-01/gpu-0 is allocated to {ns}/other-0" in event["message"]
     assert f"node-01/gpu-1 is allocated to {ns}/other-1" in event["message"]
-
-
-async def blocker_pending(api: kube.Kube, ns: str, name: str) -> None:
-    await api.create(
-        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-inferencia"}}]
-                }
-            },
-        },
-    )
-    await api.create(
-        f"/api/v1/namespaces/{ns}/pods",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-                ],
-            },
-        },
-    )
 
 
 async def test_a_device_class_that_no_published_device_satisfies_gets_a_warning(
