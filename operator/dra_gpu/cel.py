@@ -26,8 +26,9 @@ base CEL environment of k8s.io/apiserver ``pkg/cel``):
 
 How: the library (PyPI ``common-expression-language``, module ``cel``, Rust core) has no
 custom types, only Python functions over its own values. A Quantity is therefore the one-entry
-map ``{"kubernetes.Quantity": "<exact decimal value>"}`` and a Semver the map
-``{"kubernetes.Semver": "<version without build metadata>"}``. The text is canonical, so CEL's
+map ``{"kubernetes.Quantity": "<exact value>"}`` (plain decimal: "25769803776" for 24Gi, "1.5";
+"1e400" past 30 zeros) and a Semver the map ``{"kubernetes.Semver": "<version>"}`` (build
+metadata dropped). The text is canonical, so CEL's
 ``==`` on two of them means the same as upstream's ``Equal`` (same value; build metadata
 ignored), and being maps, ``<``, ``+`` and friends fail with "no such overload" instead of
 comparing text. The registered functions dispatch on that single key.
@@ -38,6 +39,8 @@ implemented by the library (reported as ``Compiled.error``); the cost limit is n
 expressions are not type-checked, so type errors that upstream reports at compile time surface
 at evaluation; ``isInteger``/``asInteger`` judge the value (integral and within int64), where
 upstream also says no for a value it happens to hold in scaled form, e.g. ``quantity("1000m")``;
+``==`` between a Quantity or Semver and another type is false, where upstream errors;
+``asApproximateFloat`` rounds the exact value, where upstream multiplies in floating point;
 the IP, CIDR, URL, regex ``find``, ``format`` and ``image`` libraries are absent; once an
 evaluation has looked up an unknown domain, ``in`` and ``size()`` on that map count it.
 """
@@ -47,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import json
 import logging
 import math
 import re
@@ -60,6 +64,8 @@ from cel import stdlib as cel_stdlib
 
 __all__ = [
     "MAX_EXPRESSION_BYTES",
+    "QUANTITY_TYPE",
+    "SEMVER_TYPE",
     "Compiled",
     "Evaluation",
     "compile_selector",
@@ -72,7 +78,9 @@ MAX_EXPRESSION_BYTES: Final = 10 * 1024
 """resource.k8s.io/v1 ``CELSelectorExpressionMaxLength``: the API server rejects longer ones."""
 
 QUANTITY_TYPE: Final = "kubernetes.Quantity"
+"""The one key of the map that stands for a Quantity in CEL: ``{QUANTITY_TYPE: "1.5"}``."""
 SEMVER_TYPE: Final = "kubernetes.Semver"
+"""The one key of the map that stands for a Semver in CEL: ``{SEMVER_TYPE: "1.2.3-rc.1"}``."""
 
 _COMPILE_CACHE_SIZE: Final = 1024
 # Bounds how many unknown domains one evaluation may default to an empty map (see _execute).
@@ -461,6 +469,10 @@ def _compare_decimals(a: _Decimal, b: _Decimal) -> int:
 
 
 def _add_decimals(a: _Decimal, b: _Decimal) -> _Decimal:
+    if not a.mantissa or not b.mantissa:
+        return b if not a.mantissa else a
+    if abs(a.exponent - b.exponent) > _MAX_DIGITS:
+        raise ValueError(f"more than {_MAX_DIGITS} digits")  # before computing 10**gap
     exponent = min(a.exponent, b.exponent)
     mantissa = a.mantissa * 10 ** (a.exponent - exponent) + b.mantissa * 10 ** (
         b.exponent - exponent
@@ -586,11 +598,11 @@ def _exact(canonical: str) -> _Decimal:
     return _read_decimal(canonical)
 
 
-def _quantity(value: _Decimal) -> dict[str, str]:
+def _quantity(function: str, compute: Callable[[], _Decimal]) -> dict[str, str]:
     try:
-        return {QUANTITY_TYPE: _format_decimal(value)}
+        return {QUANTITY_TYPE: _format_decimal(compute())}
     except ValueError as error:
-        raise _CallError(f"quantity result has {error}") from None
+        raise _CallError(f"{function}: the result has {error}") from None
 
 
 # --- semantic versions (github.com/blang/semver/v4) ----------------------------------------------
@@ -600,48 +612,54 @@ _ALPHANUMERIC: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST
 _SemverKey = tuple[int, int, int, int, tuple[tuple[int, int, str], ...]]
 
 
+def _quoted(text: str) -> str:
+    return json.dumps(text)  # Go's %q, near enough for messages
+
+
 def _parse_number(part: str, what: str) -> int:
+    # Messages as blang/semver and strconv word them, so they read like the scheduler's.
     if not all(c in _DIGITS for c in part):
-        raise ValueError(f"invalid character(s) found in {what} number {part!r}")
+        raise ValueError(f"Invalid character(s) found in {what.lower()} number {_quoted(part)}")
     if len(part) > 1 and part[0] == "0":
-        raise ValueError(f"{what} number must not contain leading zeroes {part!r}")
-    if not part:
-        raise ValueError(f"{what} number is empty")
-    number = int(part)
-    if number > _UINT64_MAX:
-        raise ValueError(f"{what} number {part!r} is out of range")
-    return number
+        raise ValueError(f"{what} number must not contain leading zeroes {_quoted(part)}")
+    if not part or int(part) > _UINT64_MAX:
+        problem = "invalid syntax" if not part else "value out of range"
+        raise ValueError(f"strconv.ParseUint: parsing {_quoted(part)}: {problem}")
+    return int(part)
 
 
 def _parse_semver(text: str) -> tuple[int, int, int, tuple[str, ...]]:
     """blang/semver v4 ``Parse``: (major, minor, patch, prerelease identifiers)."""
     if not text:
-        raise ValueError("version string empty")
+        raise ValueError("Version string empty")
     parts = text.split(".", 2)
     if len(parts) != 3:
-        raise ValueError(f"no Major.Minor.Patch elements found in {text!r}")
-    major = _parse_number(parts[0], "major")
-    minor = _parse_number(parts[1], "minor")
+        raise ValueError("No Major.Minor.Patch elements found")
+    major = _parse_number(parts[0], "Major")
+    minor = _parse_number(parts[1], "Minor")
     patch_text, _, build = parts[2].partition("+")
     patch_text, dash, pre = patch_text.partition("-")
     prerelease = tuple(pre.split(".")) if dash else ()
-    patch = _parse_number(patch_text, "patch")
+    patch = _parse_number(patch_text, "Patch")
     for identifier in prerelease:
         if not identifier:
-            raise ValueError("prerelease is empty")
+            raise ValueError("Prerelease is empty")
         if all(c in _DIGITS for c in identifier):
             if len(identifier) > 1 and identifier[0] == "0":
                 raise ValueError(
-                    f"numeric prerelease version must not contain leading zeroes {identifier!r}"
+                    "Numeric PreRelease version must not contain leading zeroes "
+                    + _quoted(identifier)
                 )
+            _parse_number(identifier, "PreRelease")  # in uint64
         elif not all(c in _ALPHANUMERIC for c in identifier):
-            raise ValueError(f"invalid character(s) found in prerelease {identifier!r}")
+            raise ValueError(f"Invalid character(s) found in prerelease {_quoted(identifier)}")
     if "+" in parts[2]:
         for identifier in build.split("."):
             if not identifier:
-                raise ValueError("build meta data is empty")
+                raise ValueError("Build meta data is empty")
             if not all(c in _ALPHANUMERIC for c in identifier):
-                raise ValueError(f"invalid character(s) found in build meta data {identifier!r}")
+                message = f"Invalid character(s) found in build meta data {_quoted(identifier)}"
+                raise ValueError(message)
     return major, minor, patch, prerelease
 
 
@@ -717,14 +735,21 @@ def _expect_string(function: str, value: Any) -> str:
 def _compare(function: str, left: Any, right: Any) -> int:
     kind = _kind(left)
     if kind is not None and kind == _kind(right):
-        if kind == QUANTITY_TYPE:
-            return _compare_decimals(_exact(left[kind]), _exact(right[kind]))
-        a, b = _semver_key(left[kind]), _semver_key(right[kind])
-        return (a > b) - (a < b)
+        return _compare_texts(kind, left[kind], right[kind])
     raise _CallError(
         f"{function}: no such overload for {_type_name(left)}.{function}({_type_name(right)}); "
         "both sides must be quantities or both semvers"
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _compare_texts(kind: str, left: str, right: str) -> int:
+    # Selectors compare a few distinct values (each device's memory with one literal) over
+    # and over; the canonical texts make a cheap cache key.
+    if kind == QUANTITY_TYPE:
+        return _compare_decimals(_exact(left), _exact(right))
+    a, b = _semver_key(left), _semver_key(right)
+    return (a > b) - (a < b)
 
 
 def _cel_quantity(text: Any) -> dict[str, str]:
@@ -754,9 +779,12 @@ def _cel_semver(text: Any, normalize: Any = False) -> dict[str, str]:
 
 
 def _cel_is_semver(text: Any, normalize: Any = False) -> bool:
+    text = _expect_string("isSemver", text)
+    if type(normalize) is not bool:
+        raise _CallError(f"isSemver: expected a bool to normalize, got {_type_name(normalize)}")
     try:
-        _cel_semver(text, normalize)
-    except _CallError:
+        _semver_text(text, normalize=normalize)
+    except ValueError:
         return False
     return True
 
@@ -816,10 +844,16 @@ def _cel_as_integer(value: Any) -> int:
 
 def _cel_as_approximate_float(value: Any) -> float:
     mantissa, exponent = _expect_quantity("asApproximateFloat", value)
+    # Bounded before 10**exponent is computed: beyond about 1e±330 a double is 0 or infinite.
+    magnitude = _digit_count(mantissa) + exponent
+    if mantissa == 0 or magnitude < -330:
+        return math.copysign(0.0, mantissa)
+    if magnitude > 330:
+        return math.copysign(math.inf, mantissa)  # upstream: "+Inf/-Inf will be returned"
     try:
         return float(Fraction(mantissa) * Fraction(10) ** exponent)
     except OverflowError:
-        return math.inf if mantissa > 0 else -math.inf  # upstream: "+Inf/-Inf will be returned"
+        return math.copysign(math.inf, mantissa)
 
 
 def _operand(function: str, value: Any) -> _Decimal:
@@ -830,13 +864,14 @@ def _operand(function: str, value: Any) -> _Decimal:
 
 
 def _cel_add(left: Any, right: Any) -> dict[str, str]:
-    return _quantity(_add_decimals(_expect_quantity("add", left), _operand("add", right)))
+    augend, addend = _expect_quantity("add", left), _operand("add", right)
+    return _quantity("add", lambda: _add_decimals(augend, addend))
 
 
 def _cel_sub(left: Any, right: Any) -> dict[str, str]:
-    subtrahend = _operand("sub", right)
+    minuend, subtrahend = _expect_quantity("sub", left), _operand("sub", right)
     negated = _Decimal(-subtrahend.mantissa, subtrahend.exponent)
-    return _quantity(_add_decimals(_expect_quantity("sub", left), negated))
+    return _quantity("sub", lambda: _add_decimals(minuend, negated))
 
 
 _KUBERNETES_FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {

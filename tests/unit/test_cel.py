@@ -81,7 +81,7 @@ def test_tutorial_manifests_select_gpu_0_and_not_gpu_1() -> None:
 
 
 def test_device_view_files_bare_names_under_the_driver_domain() -> None:
-    device = _gpu(**{"example.org/rack": {"string": "r1"}})  # type: ignore[arg-type]
+    device = _gpu(**{"example.org/rack": {"string": "r1"}})
     device["allowMultipleAllocations"] = True
 
     view = cel.device_view(DRIVER, device)
@@ -95,7 +95,7 @@ def test_device_view_files_bare_names_under_the_driver_domain() -> None:
 
 
 def test_driver_and_attributes_by_bare_and_qualified_names() -> None:
-    device = _gpu(**{"example.org/rack": {"string": "r1"}})  # type: ignore[arg-type]
+    device = _gpu(**{"example.org/rack": {"string": "r1"}})
     assert _true('device.driver == "gpu.example.com"', device)
     assert _true('device.attributes["gpu.example.com"].productName == "NVIDIA L4"', device)
     assert _true('device.attributes["gpu.example.com"].index == 0', device)
@@ -131,6 +131,7 @@ def test_guarded_lookups_and_multi_line_expressions() -> None:
 
 def test_unknown_domain_is_an_empty_map_but_not_a_member() -> None:
     assert _true('device.attributes["example.org"].size() == 0')
+    assert _true('device.attributes["Not A Domain"].size() == 0')
     assert _true('device.capacity["example.org"].size() == 0')
     assert not _true('"example.org" in device.attributes')
     assert not _true('has(device.attributes["example.org"].rack)')
@@ -220,6 +221,9 @@ def test_unparseable_version_attribute_fails_the_evaluation_naming_it() -> None:
         ("9Ei", "8Ei", 0),  # binary-suffixed values are capped at 2^63-1
         ("9E", "8E", 1),  # decimal ones are not
         ("0", "0Gi", 0),
+        ("Mi", "0", 0),  # no digits: zero on ParseQuantity's int64 path ...
+        ("1e400", "1e399", 1),  # no exponent is too large to compare exactly
+        ("1e-400", "1n", 0),
         ("12345678901234567890123", "1.2345678901234567890123e22", 0),
     ],
 )
@@ -255,8 +259,8 @@ def test_quantity_arithmetic_and_conversions() -> None:
     assert _true('isQuantity("1.3Gi") && !isQuantity("1,3G") && !isQuantity("200K")')
 
 
-@pytest.mark.parametrize(
-    "bad", ["24GB", "200K", "10Mo", "10Mm", "Three", "1e", "1.2.3", " 1", "1 ", ""]
+@pytest.mark.parametrize(  # "Pi": ... but an error on the arbitrary-precision one
+    "bad", ["24GB", "200K", "10Mo", "10Mm", "Pi", "Three", "1e", "1.2.3", " 1", "1 ", ""]
 )
 def test_bad_quantity_is_a_runtime_error_naming_it(bad: str) -> None:
     evaluation = _run(f'quantity("{bad}").compareTo(quantity("1")) == 0')
