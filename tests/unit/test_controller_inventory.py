@@ -1,0 +1,92 @@
+"""What the controller counts: complete pools at their newest generation, allocations."""
+
+from dra_gpu.controller import inventory
+
+
+def slice_(
+    name: str,
+    pool: str,
+    generation: int,
+    count: int,
+    devices: list[str],
+    node: str = "node-01",
+    driver: str = "gpu.example.com",
+) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+            "devices": [{"name": d, "capacity": {"memory": {"value": "8Gi"}}} for d in devices],
+        },
+    }
+
+
+def test_only_the_newest_generation_of_a_pool_counts() -> None:
+    devices, problems = inventory.current_pools(
+        [
+            slice_("old", "node-01", 1, 1, ["gpu-0", "gpu-1", "gpu-2"]),
+            slice_("new", "node-01", 2, 1, ["gpu-0"]),
+        ]
+    )
+    assert [d.body["name"] for d in devices] == ["gpu-0"]
+    assert problems == []
+
+
+def test_an_incomplete_pool_is_a_problem_and_publishes_nothing() -> None:
+    devices, problems = inventory.current_pools([slice_("a", "node-01", 3, 2, ["gpu-0"])])
+    assert devices == []
+    assert [p.message for p in problems] == [
+        "pool node-01 of gpu.example.com is inconsistent: 1 slice(s) at generation 3, "
+        "resourceSliceCount [2]"
+    ]
+
+
+def test_per_node_counts_allocated_devices_and_memory_of_our_driver_only() -> None:
+    devices, _ = inventory.current_pools(
+        [
+            slice_("a", "node-01", 1, 1, ["gpu-0", "gpu-1"]),
+            slice_("b", "node-01-nic", 1, 1, ["nic-0"], driver="nic.example.com"),
+        ]
+    )
+    holders = inventory.allocated(
+        [
+            {
+                "metadata": {"namespace": "ns", "name": "c"},
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                {
+                                    "driver": "gpu.example.com",
+                                    "pool": "node-01",
+                                    "device": "gpu-1",
+                                    "request": "g",
+                                },
+                                {
+                                    "driver": "gpu.example.com",
+                                    "pool": "node-01",
+                                    "device": "gpu-0",
+                                    "request": "a",
+                                    "adminAccess": True,
+                                },
+                            ]
+                        }
+                    }
+                },
+            }
+        ]
+    )
+    assert holders == {("gpu.example.com", "node-01", "gpu-1"): "ns/c"}
+    counts = inventory.per_node(devices, holders, "gpu.example.com")["node-01"]
+    assert (counts.published, counts.allocated, counts.free) == (2, 1, 1)
+    assert (counts.memory, counts.memory_allocated) == (16 * 2**30, 8 * 2**30)
+
+
+def test_claim_states() -> None:
+    assert inventory.claim_state({"status": {}}) == "pending"
+    assert inventory.claim_state({"status": {"allocation": {"x": 1}}}) == "allocated"
+    assert inventory.claim_state({"status": {"allocation": {"x": 1}, "reservedFor": [{}]}}) == (
+        "reserved"
+    )
