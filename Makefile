@@ -11,12 +11,13 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit e2e bench run cluster-up cluster-down protos clean
+.PHONY: help venv kubebins lint format test unit e2e bench chart image run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
 	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
+	@echo "make chart         helm lint + chart tests (render, dry-run, install, RBAC, policy)"
 	@echo "make cluster-up    start the local cluster in the background (node-01..03) and print exports"
 	@echo "make cluster-down  stop it"
 	@echo "make kubebins      build etcd, kube-*, kubectl and helm $(K8S_VERSION) into $(DRA_GPU_BIN_DIR)"
@@ -40,6 +41,7 @@ format: venv
 	$(BIN)/ruff format operator tests hack benchmarks
 
 test: lint kubebins
+	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(BIN)/pytest
 
 unit: venv
@@ -59,6 +61,14 @@ bench: venv kubebins $(PYDRA_VENV)/.installed
 	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python
 	$(BIN)/python benchmarks/bench_controller.py
 	$(BIN)/python benchmarks/bench_cel.py
+
+chart: venv kubebins
+	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
+	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu -f charts/dra-gpu/ci/full-values.yaml
+	$(BIN)/pytest tests/e2e/test_chart_render.py tests/e2e/test_chart.py
+
+image:  # needs a Docker engine (none on the CI machines); the chart's default image
+	docker build -t ghcr.io/dra-gpu/dra-gpu:0.1.0 .
 
 cluster-up: venv kubebins
 	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR)

@@ -95,6 +95,7 @@ class Controller:
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             settings.posting.enabled = False  # our Events say what happened, Kopf's would not
+            settings.scanning.disabled = True  # we watch built-in kinds only: no CRD discovery
             settings.watching.server_timeout = 300
             settings.watching.client_timeout = 330
             settings.networking.error_backoffs = [1, 2, 5]
@@ -233,6 +234,9 @@ class Controller:
         """A selector that cannot compile, or that no published device of any driver satisfies,
         gets one Warning Event on the DeviceClass (again only when the reason changes)."""
         for name, device_class in sorted(self.view.classes.items()):
+            drivers = _class_drivers(device_class)
+            if drivers and self.driver not in drivers:
+                continue  # another driver's class: not ours to judge
             problem = _class_problem(device_class, devices)
             if problem is None:
                 self._class_warnings.pop(name, None)

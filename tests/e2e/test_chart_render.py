@@ -1,0 +1,266 @@
+"""The Helm chart as `helm template` renders it: no cluster, only the built helm binary.
+
+What the chart sets must be what the code reads: every DRA_GPU_* variable of a container is a
+settings field and parses into valid settings; the driver name is one value; host paths are
+the same inside and outside; bad values stop the render naming the key. The rendered objects
+are checked against the real API server in tests/e2e/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_gpu import config
+from dra_gpu.devices import simulated
+from dra_gpu.testing import default_bin_dir
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "dra-gpu"
+FULL_VALUES = CHART / "ci" / "full-values.yaml"
+HELM = default_bin_dir() / "helm"
+
+
+Manifest = dict[str, Any]
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM.exists(), f"{HELM} is missing: build it with `make kubebins`"
+    return subprocess.run(
+        [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def render(*args: str) -> list[Manifest]:
+    done = helm("template", "rel", str(CHART), "--namespace", "dra", *args)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def find(docs: list[Manifest], kind: str, suffix: str = "") -> Manifest:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"{kind} *{suffix}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def container(workload: Manifest) -> Manifest:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: Manifest = containers[0]
+    return result
+
+
+def env_of(workload: Manifest, downward: dict[str, str]) -> dict[str, str]:
+    """The container's environment, with downward-API fields replaced by stand-in values."""
+    env = {}
+    for item in container(workload)["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            env[item["name"]] = downward[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def settings_from_env(settings_type: type[Any], env: dict[str, str]) -> Any:
+    fields = {f.name for f in dataclasses.fields(settings_type)}
+    ours = {k for k in env if k.startswith(config.ENV_PREFIX)}
+    assert ours <= {config.env_name(f) for f in fields}, "a variable the code does not read"
+    return config.settings_from(settings_type, argparse.Namespace(), env)
+
+
+DOWNWARD = {"spec.nodeName": "node-01", "metadata.namespace": "dra", "metadata.name": "pod-x"}
+
+
+def test_helm_lint_passes_with_default_and_full_values() -> None:
+    for extra in ([], ["--values", str(FULL_VALUES)]):
+        done = helm("lint", "--strict", str(CHART), *extra)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_default_render_has_one_object_per_piece() -> None:
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in render())
+    assert kinds == [
+        ("ClusterRole", "dra-rel-dra-gpu-agent"),
+        ("ClusterRole", "dra-rel-dra-gpu-controller"),
+        ("ClusterRoleBinding", "dra-rel-dra-gpu-agent"),
+        ("ClusterRoleBinding", "dra-rel-dra-gpu-controller"),
+        ("ConfigMap", "rel-dra-gpu-profile"),
+        ("DaemonSet", "rel-dra-gpu-agent"),
+        ("Deployment", "rel-dra-gpu-controller"),
+        ("DeviceClass", "gpu.example.com"),
+        ("Role", "rel-dra-gpu-controller-leader"),
+        ("RoleBinding", "rel-dra-gpu-controller-leader"),
+        ("Service", "rel-dra-gpu-agent-metrics"),
+        ("Service", "rel-dra-gpu-controller-metrics"),
+        ("ServiceAccount", "rel-dra-gpu-agent"),
+        ("ServiceAccount", "rel-dra-gpu-controller"),
+        ("ValidatingAdmissionPolicy", "dra-rel-dra-gpu-agent-own-node"),
+        ("ValidatingAdmissionPolicyBinding", "dra-rel-dra-gpu-agent-own-node"),
+    ]
+
+
+def test_agent_environment_is_valid_agent_settings() -> None:
+    docs = render()
+    agent = find(docs, "DaemonSet")
+    settings = settings_from_env(config.AgentSettings, env_of(agent, DOWNWARD))
+    assert settings.node_name == "node-01"
+    assert settings.driver_name == "gpu.example.com"
+    assert settings.backend == "simulated"
+    assert (settings.metrics_port, settings.health_port) == (9402, 9403)
+    ports = {p["name"]: p["containerPort"] for p in container(agent)["ports"]}
+    assert ports == {"metrics": 9402, "health": 9403}
+    # The profile file the agent is pointed at is the ConfigMap's, and the agent can parse it.
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert settings.profile == Path(mounts["profile"]) / "profile.yaml"
+    profile_text = find(docs, "ConfigMap", "-profile")["data"]["profile.yaml"]
+    profile = simulated.parse_profile(profile_text, "chart default profile")
+    assert profile is not None
+
+
+def test_controller_environment_is_valid_controller_settings() -> None:
+    controller = find(render(), "Deployment")
+    settings = settings_from_env(config.ControllerSettings, env_of(controller, DOWNWARD))
+    assert settings.namespace == "dra"  # the Lease's namespace: the release namespace
+    assert settings.identity == "pod-x"
+    assert (settings.metrics_port, settings.health_port) == (9400, 9401)
+    assert controller["spec"]["replicas"] == 2
+    assert container(controller)["args"] == ["--log-level", "INFO", "controller"]
+
+
+def test_full_values_reach_the_settings() -> None:
+    docs = render("--values", str(FULL_VALUES))
+    agent = settings_from_env(config.AgentSettings, env_of(find(docs, "DaemonSet"), DOWNWARD))
+    assert agent.backend == "nvml"
+    assert agent.profile is None
+    assert agent.kubelet_dir == Path("/var/lib/k0s/kubelet")
+    assert agent.driver_name == "gpu.acme.io"
+    controller = settings_from_env(
+        config.ControllerSettings, env_of(find(docs, "Deployment"), DOWNWARD)
+    )
+    assert (controller.lease_seconds, controller.resync_seconds) == (20, 15.5)
+    assert find(docs, "DaemonSet")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_agent_host_paths_are_mounted_at_the_same_paths() -> None:
+    agent = find(render(), "DaemonSet")
+    pod = agent["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert host == {
+        "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        "plugin-dir": "/var/lib/kubelet/plugins/gpu.example.com",
+        "cdi": "/var/run/cdi",
+        "checkpoint": "/var/lib/dra-gpu",
+    }
+    assert all(mounts[name] == path for name, path in host.items())
+    settings = settings_from_env(config.AgentSettings, env_of(agent, DOWNWARD))
+    assert str(settings.registration_socket.parent) == host["plugins-registry"]
+    assert str(settings.plugin_dir) == host["plugin-dir"]
+
+
+def test_agent_is_root_without_privileges_and_never_surges() -> None:
+    agent = find(render(), "DaemonSet")
+    pod = agent["spec"]["template"]["spec"]
+    security = container(agent)["securityContext"]
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in security
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert agent["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+
+
+def test_controller_runs_as_non_root_with_read_only_root() -> None:
+    controller = find(render(), "Deployment")
+    pod = controller["spec"]["template"]["spec"]
+    security = container(controller)["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    probes = {
+        container(controller)[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")
+    }
+    assert probes == {"/healthz", "/readyz"}
+
+
+def test_no_rule_grants_secrets_or_wildcards() -> None:
+    for doc in render("--values", str(FULL_VALUES)):
+        for rule in doc.get("rules", []):
+            named = [*rule.get("resources", []), *rule.get("verbs", []), *rule["apiGroups"]]
+            assert "*" not in named, rule
+            assert not {"secrets", "configmaps"} & set(rule.get("resources", [])), rule
+
+
+def test_driver_name_is_one_value_used_everywhere() -> None:
+    text = helm("template", "rel", str(CHART), "--set", "driverName=gpu.acme.io").stdout
+    assert "gpu.example.com" not in text
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert find(docs, "DeviceClass")["metadata"]["name"] == "gpu.acme.io"
+    assert find(docs, "DeviceClass")["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "gpu.acme.io"'}}
+    ]
+
+
+def test_extra_device_classes_keep_the_driver_selector() -> None:
+    docs = render("--values", str(FULL_VALUES))
+    classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
+    assert sorted(classes) == ["acme-gpu", "gpu-24gi", "gpu-inferencia", "gpu-shared"]
+    expressions = [s["cel"]["expression"] for s in classes["gpu-24gi"]["selectors"]]
+    assert expressions[0] == 'device.driver == "gpu.acme.io"'
+    assert 'compareTo(quantity("24Gi")) >= 0' in expressions[1]
+    assert classes["gpu-shared"]["config"][0]["opaque"]["driver"] == "gpu.acme.io"
+
+
+def test_prometheus_operator_objects_only_when_enabled() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert not kinds & {"ServiceMonitor", "PodMonitor"}
+    docs = render("--values", str(FULL_VALUES))
+    monitor = find(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_policy_matches_exactly_the_agent_service_account() -> None:
+    docs = render("--values", str(FULL_VALUES))
+    policy = find(docs, "ValidatingAdmissionPolicy")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:dra:acme-agent"'
+    )
+    assert find(docs, "ServiceAccount", "-agent")["metadata"]["name"] == "acme-agent"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = find(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"agent": {"bogus": 1}}, "additional properties 'bogus' not allowed"),
+        ({"controller": {"replicas": "two"}}, "/controller/replicas"),
+        ({"agent": {"backend": "cuda"}}, "/agent/backend"),
+        ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
+        ({"driverName": "Not A DNS Name"}, "/driverName"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_key(
+    tmp_path: Path, values: dict[str, Any], named: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps(values))
+    done = helm("template", "rel", str(CHART), "--values", str(bad))
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr
