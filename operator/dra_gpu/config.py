@@ -18,6 +18,8 @@ from typing import Any
 from dra_gpu import DEFAULT_DRIVER_NAME
 
 ENV_PREFIX = "DRA_GPU_"
+MAX_SOCKET_PATH = 107
+"""sun_path holds 108 bytes including the terminating NUL."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,12 @@ class AgentSettings:
             raise ValueError("the simulated backend needs a profile (--profile / DRA_GPU_PROFILE)")
         if self.resync_seconds <= 0:
             raise ValueError(f"resync seconds must be positive, got {self.resync_seconds}")
+        for socket in (self.registration_socket, self.dra_socket):
+            if len(bytes(socket)) > MAX_SOCKET_PATH:
+                raise ValueError(
+                    f"socket path {socket} is {len(bytes(socket))} bytes; unix sockets allow "
+                    f"{MAX_SOCKET_PATH}: use a shorter --kubelet-dir / DRA_GPU_KUBELET_DIR"
+                )
 
 
 @dataclasses.dataclass(frozen=True)

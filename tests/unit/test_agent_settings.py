@@ -61,3 +61,8 @@ def test_every_flag_is_documented_with_its_env_twin() -> None:
     helps = {a.dest: a.help or "" for a in parser._actions if a.dest != "help"}
     assert helps["cdi_dir"].startswith("Per-claim CDI specs.")
     assert all(f"env DRA_GPU_{dest.upper()}" in text for dest, text in helps.items())
+
+
+def test_a_kubelet_dir_too_long_for_unix_sockets_is_refused_naming_the_flag() -> None:
+    with pytest.raises(ValueError, match=r"unix sockets allow 107: use a shorter --kubelet-dir"):
+        AgentSettings(node_name="n", profile=Path("/p"), kubelet_dir=Path("/k" * 60))
