@@ -41,6 +41,17 @@ DRIVER = "gpu.example.com"
 DEVICES = 128
 
 
+def server_side(text: str, since: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+    """(sum, count) of the agent's own prepare histogram, minus an earlier reading."""
+    values = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            prefix = f'dra_gpu_prepare_claim_duration_seconds_{part}{{result="success"}} '
+            if line.startswith(prefix):
+                values[part] = float(line[len(prefix) :])
+    return values.get("sum", 0.0) - since[0], values.get("count", 0.0) - since[1]
+
+
 def report(name: str, seconds: list[float]) -> tuple[float, float]:
     p50, p99 = percentile(seconds, 50) * 1000, percentile(seconds, 99) * 1000
     print(f"{name:<42} n={len(seconds):<4} p50={p50:8.2f} ms  p99={p99:8.2f} ms")
@@ -203,7 +214,9 @@ async def run(
                 stub = v1_grpc.DRAPluginStub(channel)
                 await one_at_a_time(stub, claims[:5])  # warm up connections and caches
                 empty = await empty_calls(stub, rounds)
+                before = server_side(agent.metrics())
                 sequential = await one_at_a_time(stub, claims[:rounds])
+                inside = server_side(agent.metrics(), before)
                 parallel = await in_flight(stub, claims[:concurrent])
             floor_times = await floor(api, claims[:rounds], work / "floor")
             peer = await pydra(pydra_python, work, claims[:rounds]) if pydra_python else None
@@ -215,6 +228,9 @@ async def run(
     )
     floor_p50, _ = report("floor_get_claim_plus_atomic_write", floor_times)
     report("grpc_round_trip_empty_prepare", empty)
+    mean_inside = inside[0] / inside[1] * 1000 if inside[1] else float("nan")
+    print(f"{'prepare_inside_the_agent (mean)':<42} {mean_inside:8.2f} ms")
+    print(f"BENCH prepare_inside_agent_mean {mean_inside:.3f} ms")
     prepare_p50, _ = report("prepare_one_at_a_time", sequential["prepare"])
     report("unprepare_one_at_a_time", sequential["unprepare"])
     report("prepare_plus_unprepare_one_at_a_time", sequential["both"])
