@@ -368,3 +368,30 @@ async def test_a_corrupt_checkpoint_is_kept_aside_reported_and_the_agent_serves(
     assert f"checkpoint {bad} is corrupt" in event["message"]
     assert kept[0].name in event["message"]
     kept[0].unlink()
+
+
+async def test_bad_grpc_requests_get_per_claim_errors_and_the_agent_keeps_serving(
+    kubelet: KubeletStandIn, start_agent: AgentFactory, namespace: str
+) -> None:
+    agent = await start_agent("node-01")
+    socket = dra_socket(kubelet, "node-01")
+    many = [v1.Claim(namespace=namespace, name=f"c{i}", uid=f"uid-{i}") for i in range(1000)]
+    async with grpc.aio.insecure_channel(socket) as channel:
+        stub = v1_grpc.DRAPluginStub(channel)
+        bad = await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[
+            v1.Claim(namespace=namespace, name="nope", uid="unknown-uid"),
+            v1.Claim(namespace="", name="", uid="no-namespace"),
+            v1.Claim(namespace=namespace, name="nope", uid="unknown-uid"),  # duplicated
+        ]))  # fmt: skip
+        assert set(bad.claims) == {"unknown-uid", "no-namespace"}
+        assert bad.claims["unknown-uid"].error == f"ResourceClaim {namespace}/nope not found"
+        assert bad.claims["no-namespace"].error == (
+            "claim ''/'' (uid 'no-namespace'): the request lacks namespace, name"
+        )
+        batch = await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=many))
+        assert len(batch.claims) == 1000
+        assert all(r.error.endswith("not found") for r in batch.claims.values())
+        gone = await stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=many))
+        assert all(r.error == "" for r in gone.claims.values())
+    assert agent.probe("/healthz") == 200
+    assert 'dra_gpu_prepare_claims_total{result="error"}' in agent.metrics()

@@ -9,6 +9,7 @@ from dra_gpu.agent.claims import (
     ClaimUID,
     allocated_devices,
     check_identity,
+    check_request,
 )
 
 REF = ClaimRef("ns", "c", ClaimUID("u1"))
@@ -50,3 +51,8 @@ def test_an_unallocated_claim_is_refused() -> None:
 def test_a_replaced_claim_is_refused() -> None:
     with pytest.raises(ClaimError, match="has UID u2, not u1: it was deleted and re-created"):
         check_identity({"metadata": {"uid": "u2"}}, REF)
+
+
+def test_a_request_without_namespace_or_uid_is_refused_naming_what_is_missing() -> None:
+    with pytest.raises(ClaimError, match=r"the request lacks namespace, uid$"):
+        check_request(ClaimRef("", "c", ClaimUID("")))

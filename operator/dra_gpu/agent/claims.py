@@ -47,6 +47,16 @@ class AllocatedDevice:
         return self.request.split("/", 1)[0]
 
 
+def check_request(ref: ClaimRef) -> None:
+    """The kubelet always sends all three; anything else is a malformed request, not a claim."""
+    missing = [field for field in ("namespace", "name", "uid") if not getattr(ref, field)]
+    if missing:
+        raise ClaimError(
+            f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}): the request lacks "
+            f"{', '.join(missing)}"
+        )
+
+
 def check_identity(claim: Mapping[str, Any], ref: ClaimRef) -> None:
     uid = claim.get("metadata", {}).get("uid")
     if uid != ref.uid:

@@ -135,6 +135,7 @@ class DeviceState:
         return result
 
     async def _prepare(self, ref: ClaimRef) -> checkpoint.PreparedClaim:
+        claims.check_request(ref)
         recorded = self._checkpoint.claims.get(ref.uid)
         if recorded is not None:
             if recorded.cdi_spec is not None:
