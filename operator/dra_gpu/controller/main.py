@@ -82,8 +82,11 @@ class Controller:
         async def prepare_failed(event: dict[str, Any], **_: Any) -> None:
             body = event.get("object") or {}
             uid, count = body.get("metadata", {}).get("uid", ""), int(body.get("count") or 1)
+            if event.get("type") == "DELETED":  # events expire (1 h): forget them with it
+                self._prepare_events.pop(uid, None)
+                return
             seen = self._prepare_events.get(uid, 0)
-            if event.get("type") != "DELETED" and count > seen:
+            if count > seen:
                 metrics.PREPARE_FAILURES.inc(count - seen)
                 self._prepare_events[uid] = count
 
