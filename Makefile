@@ -11,12 +11,13 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit e2e bench chart image run cluster-up cluster-down protos clean
+.PHONY: help venv kubebins lint format test unit e2e bench chart image reliability run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
 	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
+	@echo "make reliability   restart, load (20 nodes x 8 GPUs, 200 pods), fuzzing, crash tests"
 	@echo "make chart         helm lint + chart tests (render, dry-run, install, RBAC, policy)"
 	@echo "make cluster-up    start the local cluster in the background (node-01..03) and print exports"
 	@echo "make cluster-down  stop it"
@@ -61,6 +62,13 @@ bench: venv kubebins $(PYDRA_VENV)/.installed
 	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python
 	$(BIN)/python benchmarks/bench_controller.py
 	$(BIN)/python benchmarks/bench_cel.py
+
+# The reliability tests at the issue's full size (CI runs them smaller as part of `make test`).
+reliability: venv kubebins
+	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_load.py tests/e2e/test_apiserver_restart.py \
+	  tests/unit/test_fuzz_inputs.py "tests/e2e/test_agent.py::test_bad_grpc_requests_get_per_claim_errors_and_the_agent_keeps_serving" \
+	  "tests/e2e/test_agent.py::test_a_killed_agent_restarts_from_its_checkpoint_and_unprepare_still_works" \
+	  "tests/e2e/test_agent.py::test_a_corrupt_checkpoint_is_kept_aside_reported_and_the_agent_serves"
 
 chart: venv kubebins
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
