@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import cel
+from dra_gpu.controller import inventory
+from dra_gpu.controller.inventory import DeviceKey
 
 Body = Mapping[str, Any]
-DeviceKey = tuple[str, str, str]
-"""(driver, pool, device): how allocation results name a device."""
 
 PIECE_NAMES = ("class", "devices", "node", "driver")
 LIST_LIMIT = 3
@@ -299,8 +299,7 @@ def _class_names(claim: Body) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _result_key(result: Body) -> DeviceKey:
-    return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+_result_key = inventory.result_key
 
 
 def _attached_nodes(slices: Sequence[Body]) -> dict[DeviceKey, str]:
@@ -325,24 +324,7 @@ def _slice_nodes(slices: Sequence[Body]) -> Iterable[tuple[str, str]]:
 # --- the cluster as the requests see it --------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Device:
-    driver: str
-    pool: str
-    node: str | None
-    body: Body
-
-    @property
-    def name(self) -> str:
-        return str(self.body.get("name", ""))
-
-    @property
-    def key(self) -> DeviceKey:
-        return (self.driver, self.pool, self.name)
-
-    @property
-    def label(self) -> str:
-        return f"{self.node or self.pool}/{self.name}"
+_Device = inventory.PublishedDevice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,69 +368,33 @@ def _build_world(
     return _World(
         devices=devices,
         incomplete=incomplete,
-        holders=_holders(claims, claim),
+        holders=inventory.holders(claims, claim),
         exclusions={n: _node_exclusion(n, nodes.get(n), pod) for n in sorted(node_names)},
         bound_node=((pod or {}).get("spec") or {}).get("nodeName") or None,
     )
 
 
 def _published(slices: Sequence[Body]) -> tuple[tuple[_Device, ...], tuple[_IncompletePool, ...]]:
-    """Per (driver, pool), the slices of the highest generation, if the pool is complete.
-
-    That is what the scheduler's allocator uses: an older generation is being replaced, and
-    a pool with fewer slices than ``resourceSliceCount`` is still being written.
-    """
-    pools: dict[tuple[str, str], list[Body]] = {}
-    for body in slices:
-        spec = body.get("spec") or {}
-        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
-        if driver and pool:
-            pools.setdefault((str(driver), str(pool)), []).append(spec)
+    """Devices of complete pools at their newest generation, in natural order, and the rest."""
     devices: list[_Device] = []
     incomplete: list[_IncompletePool] = []
-    for (driver, pool), specs in pools.items():
-        generation = max(_pool_field(s, "generation", 0) for s in specs)
-        current = [s for s in specs if _pool_field(s, "generation", 0) == generation]
-        expected = max(_pool_field(s, "resourceSliceCount", 1) for s in current)
-        pool_devices = tuple(
-            _Device(driver, pool, d.get("nodeName") or s.get("nodeName") or None, d)
-            for s in current
-            for d in s.get("devices") or []
-        )
-        if len(current) == expected:
-            devices.extend(pool_devices)
+    for pool in inventory.read_pools(slices):
+        if pool.complete:
+            devices.extend(pool.devices)
         else:
             incomplete.append(
-                _IncompletePool(driver, pool, generation, len(current), expected, pool_devices)
+                _IncompletePool(
+                    pool.driver,
+                    pool.pool,
+                    pool.generation,
+                    pool.present,
+                    pool.expected,
+                    pool.devices,
+                )
             )
     devices.sort(key=_device_order)
     incomplete.sort(key=lambda p: (_natural(p.pool), p.driver))
     return tuple(devices), tuple(incomplete)
-
-
-def _pool_field(spec: Body, field: str, default: int) -> int:
-    value = (spec.get("pool") or {}).get(field)
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _holders(claims: Sequence[Body], this: Body) -> dict[DeviceKey, tuple[str, ...]]:
-    this_meta = this.get("metadata") or {}
-    holders: dict[DeviceKey, set[str]] = {}
-    for other in claims:
-        meta = other.get("metadata") or {}
-        same_name = (meta.get("namespace"), meta.get("name")) == (
-            this_meta.get("namespace"),
-            this_meta.get("name"),
-        )
-        if same_name or (this_meta.get("uid") and meta.get("uid") == this_meta.get("uid")):
-            continue
-        allocation = (other.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            # Admin access (DRAAdminAccess) does not take the device from anyone.
-            if not result.get("adminAccess"):
-                owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-                holders.setdefault(_result_key(result), set()).add(owner)
-    return {key: tuple(sorted(owners)) for key, owners in holders.items()}
 
 
 # --- nodes -------------------------------------------------------------------------------
@@ -913,14 +859,27 @@ _ATTRIBUTE_IS = re.compile(
 )
 # `x.compareTo(q) OP n` as a relation between x and q; None where it is not that simple.
 _RELATIONS = {
-    (">=", 0): ">=", (">", 0): ">", ("<=", 0): "<=", ("<", 0): "<", ("==", 0): "==",
-    ("!=", 0): "!=", ("==", 1): ">", (">=", 1): ">", ("!=", 1): "<=", ("<", 1): "<=",
-    ("==", -1): "<", ("<=", -1): "<", ("!=", -1): ">=", (">", -1): ">=",
-}  # fmt: skip
+    (">=", 0): ">=",
+    (">", 0): ">",
+    ("<=", 0): "<=",
+    ("<", 0): "<",
+    ("==", 0): "==",
+    ("!=", 0): "!=",
+    ("==", 1): ">",
+    (">=", 1): ">",
+    ("!=", 1): "<=",
+    ("<", 1): "<=",
+    ("==", -1): "<",
+    ("<=", -1): "<",
+    ("!=", -1): ">=",
+    (">", -1): ">=",
+}
 _METHOD_RELATIONS = {
-    ("", "isGreaterThan"): ">", ("!", "isGreaterThan"): "<=",
-    ("", "isLessThan"): "<", ("!", "isLessThan"): ">=",
-}  # fmt: skip
+    ("", "isGreaterThan"): ">",
+    ("!", "isGreaterThan"): "<=",
+    ("", "isLessThan"): "<",
+    ("!", "isLessThan"): ">=",
+}
 
 
 def _mismatch_text(selector: _Selector, device: _Device) -> str:

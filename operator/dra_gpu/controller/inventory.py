@@ -1,8 +1,8 @@
-"""What the cluster holds of our driver, computed from the view (pure: no I/O, no metrics).
+"""What the cluster holds, read from API bodies (pure: no I/O, no metrics).
 
-Pools count only at their newest generation and only when complete (as many slices as
-``resourceSliceCount`` says), exactly as the scheduler reads them. A device is allocated when a
-claim's allocation names it (admin-access results do not count, as for the scheduler).
+One reading of ResourceSlices and claims serves both the controller's metrics and ``explain``:
+a pool counts only at its newest generation, and a device is held by the claims whose
+allocation names it (admin-access results take it from nobody), as the scheduler reads them.
 """
 
 from __future__ import annotations
@@ -14,20 +14,34 @@ from typing import Any
 
 from dra_gpu.devices.model import parse_quantity
 
-Body = dict[str, Any]
-DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+Body = Mapping[str, Any]
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device): how allocation results name a device."""
+
+
+def result_key(result: Body) -> DeviceKey:
+    return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
 
 
 @dataclasses.dataclass(frozen=True)
 class PublishedDevice:
     driver: str
     pool: str
-    node: str
+    node: str | None
+    """The device's own ``nodeName``, else its slice's; None for node-independent pools."""
     body: Body
 
     @property
+    def name(self) -> str:
+        return str(self.body.get("name", ""))
+
+    @property
     def key(self) -> DeviceKey:
-        return (self.driver, self.pool, self.body["name"])
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.node or self.pool}/{self.name}"
 
     @property
     def memory_bytes(self) -> int:
@@ -39,58 +53,114 @@ class PublishedDevice:
 
 
 @dataclasses.dataclass(frozen=True)
+class Pool:
+    """A pool at its newest generation."""
+
+    driver: str
+    pool: str
+    generation: int
+    counts: tuple[int, ...]
+    """``resourceSliceCount`` of each slice at that generation."""
+    devices: tuple[PublishedDevice, ...]
+
+    @property
+    def present(self) -> int:
+        return len(self.counts)
+
+    @property
+    def expected(self) -> int:
+        return max(self.counts)
+
+    @property
+    def complete(self) -> bool:
+        """As many slices as they announce: an older generation is being replaced, and a pool
+        with fewer slices than ``resourceSliceCount`` is still being written."""
+        return self.present == self.expected
+
+
+def read_pools(slices: Iterable[Body]) -> list[Pool]:
+    """Every (driver, pool) at its newest generation, in (driver, pool) order."""
+    grouped: dict[tuple[str, str], list[Body]] = collections.defaultdict(list)
+    for body in slices:
+        spec = body.get("spec") or {}
+        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
+        if driver and pool:
+            grouped[(str(driver), str(pool))].append(spec)
+    pools = []
+    for (driver, pool), specs in sorted(grouped.items()):
+        generation = max(_pool_field(s, "generation", 0) for s in specs)
+        current = [s for s in specs if _pool_field(s, "generation", 0) == generation]
+        devices = tuple(
+            PublishedDevice(driver, pool, d.get("nodeName") or s.get("nodeName") or None, d)
+            for s in current
+            for d in s.get("devices") or []
+        )
+        counts = tuple(_pool_field(s, "resourceSliceCount", 1) for s in current)
+        pools.append(Pool(driver, pool, generation, counts, devices))
+    return pools
+
+
+def _pool_field(spec: Body, field: str, default: int) -> int:
+    value = (spec.get("pool") or {}).get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def holders(
+    claims: Iterable[Body], exclude: Body | None = None
+) -> dict[DeviceKey, tuple[str, ...]]:
+    """Allocated device -> ``ns/name`` of the claims holding it, ``exclude`` (a claim looking
+    at its own chances) left out."""
+    this = (exclude or {}).get("metadata") or {}
+    found: dict[DeviceKey, set[str]] = {}
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        if exclude is not None and (
+            (meta.get("namespace"), meta.get("name")) == (this.get("namespace"), this.get("name"))
+            or (this.get("uid") and meta.get("uid") == this.get("uid"))
+        ):
+            continue
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            # Admin access (DRAAdminAccess) does not take the device from anyone.
+            if not result.get("adminAccess"):
+                owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+                found.setdefault(result_key(result), set()).add(owner)
+    return {key: tuple(sorted(owners)) for key, owners in found.items()}
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolProblem:
     driver: str
     pool: str
     message: str
 
 
-def current_pools(
-    slices: Iterable[Body],
-) -> tuple[list[PublishedDevice], list[PoolProblem]]:
-    """Devices of complete pools at their newest generation, and the pools that are not."""
-    pools: dict[tuple[str, str], list[Body]] = collections.defaultdict(list)
-    for body in slices:
-        spec = body.get("spec", {})
-        pools[(spec.get("driver", ""), spec.get("pool", {}).get("name", ""))].append(body)
+def current_pools(slices: Iterable[Body]) -> tuple[list[PublishedDevice], list[PoolProblem]]:
+    """Devices of consistent pools, and the pools that are not: a pool whose slices disagree
+    on ``resourceSliceCount`` is reported even when the largest count is met."""
     devices: list[PublishedDevice] = []
     problems: list[PoolProblem] = []
-    for (driver, pool), members in sorted(pools.items()):
-        newest = max(int(s["spec"]["pool"].get("generation", 0)) for s in members)
-        current = [s for s in members if int(s["spec"]["pool"].get("generation", 0)) == newest]
-        counts = {int(s["spec"]["pool"].get("resourceSliceCount", 1)) for s in current}
-        if len(counts) != 1 or len(current) != counts.pop():
-            problems.append(
-                PoolProblem(
-                    driver,
-                    pool,
-                    (
-                        f"pool {pool} of {driver} is inconsistent: {len(current)} slice(s) at "
-                        f"generation {newest}, resourceSliceCount "
-                        f"{sorted({s['spec']['pool'].get('resourceSliceCount') for s in current})}"
-                    ),
-                )
-            )
+    for pool in read_pools(slices):
+        if len(set(pool.counts)) == 1 and pool.complete:
+            devices.extend(pool.devices)
             continue
-        for body in current:
-            node = body["spec"].get("nodeName", "")
-            devices.extend(
-                PublishedDevice(driver, pool, node, d) for d in body["spec"].get("devices") or []
+        problems.append(
+            PoolProblem(
+                pool.driver,
+                pool.pool,
+                (
+                    f"pool {pool.pool} of {pool.driver} is inconsistent: {pool.present} "
+                    f"slice(s) at generation {pool.generation}, "
+                    f"resourceSliceCount {sorted(set(pool.counts))}"
+                ),
             )
+        )
     return devices, problems
 
 
 def allocated(claims: Iterable[Body]) -> dict[DeviceKey, str]:
-    """Allocated devices and the claim (``ns/name``) holding each."""
-    holders: dict[DeviceKey, str] = {}
-    for claim in claims:
-        allocation = claim.get("status", {}).get("allocation") or {}
-        meta = claim["metadata"]
-        for result in allocation.get("devices", {}).get("results") or []:
-            if not result.get("adminAccess"):
-                key = (result["driver"], result["pool"], result["device"])
-                holders[key] = f"{meta['namespace']}/{meta['name']}"
-    return holders
+    """Allocated devices and a claim (``ns/name``) holding each."""
+    return {key: owners[0] for key, owners in holders(claims).items()}
 
 
 def claim_state(claim: Body) -> str:
@@ -113,14 +183,14 @@ class Counts:
 
 
 def per_node(
-    devices: Sequence[PublishedDevice], holders: Mapping[DeviceKey, str], driver: str
+    devices: Sequence[PublishedDevice], held: Mapping[DeviceKey, str], driver: str
 ) -> dict[str, Counts]:
     totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     for device in devices:
         if device.driver != driver:
             continue
-        row = totals[device.node]
-        taken = device.key in holders
+        row = totals[device.node or ""]
+        taken = device.key in held
         row[0] += 1
         row[1] += taken
         row[2] += device.memory_bytes
