@@ -23,11 +23,11 @@ from typing import Any, NoReturn
 
 import kopf
 
-from dra_gpu import cel, events, httpserver, kube, metrics, slices
+from dra_gpu import cel, httpserver, kube, metrics, slices
 from dra_gpu.config import ControllerSettings
 from dra_gpu.controller import explain, inventory
 from dra_gpu.controller.leader import LeaderElector
-from dra_gpu.controller.reporter import COMPONENT, Reporter
+from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class Controller:
                 continue
             self._class_warnings[name] = message
             log.warning("DeviceClass %s: %s", name, message)
-            await _post(self.api, device_class, "DeviceClass", reason, message, self.reporter.host)
+            await self.reporter.warn(device_class, "DeviceClass", reason, message)
 
     def _report_pools(self, problems: list[inventory.PoolProblem]) -> None:
         current = {p.pool: p.message for p in problems if p.driver == self.driver}
@@ -368,16 +368,6 @@ def _class_problem(
     return "NoDeviceMatches", (
         f"DeviceClass {name}: none of the {len(devices)} published devices satisfies its "
         f"selectors; claims of this class cannot be allocated{why}"
-    )
-
-
-async def _post(
-    api: kube.Kube, body: kube.Body, kind: str, reason: str, message: str, host: str
-) -> None:
-    api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
-    ref = events.object_ref({**body, "apiVersion": api_version, "kind": kind})
-    await events.post(
-        api, ref, type_="Warning", reason=reason, message=message, component=COMPONENT, host=host
     )
 
 

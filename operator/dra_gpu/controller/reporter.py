@@ -38,10 +38,18 @@ class Reporter:
         if uid not in self._posted and await self._last_message(claim) == message:
             self._posted[uid] = message
             return False
-        ref = events.object_ref(
-            {**claim, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
-        )
         log.warning("ResourceClaim %s: %s", events.object_ref(claim)["name"], message)
+        await self.warn(claim, "ResourceClaim", reason, message)
+        for pod in pods:
+            await self.warn(pod, "Pod", reason, message)
+        metrics.EXPLAIN_EVENTS.labels(reason).inc()
+        self._posted[uid] = message
+        return True
+
+    async def warn(self, body: kube.Body, kind: str, reason: str, message: str) -> None:
+        """One Warning Event of ours on ``body`` (a core or resource.k8s.io object)."""
+        api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
+        ref = events.object_ref({**body, "apiVersion": api_version, "kind": kind})
         await events.post(
             self.api,
             ref,
@@ -51,19 +59,6 @@ class Reporter:
             component=COMPONENT,
             host=self.host,
         )
-        for pod in pods:
-            await events.post(
-                self.api,
-                events.object_ref({**pod, "apiVersion": "v1", "kind": "Pod"}),
-                type_="Warning",
-                reason=reason,
-                message=message,
-                component=COMPONENT,
-                host=self.host,
-            )
-        metrics.EXPLAIN_EVENTS.labels(reason).inc()
-        self._posted[uid] = message
-        return True
 
     async def _last_message(self, claim: kube.Body) -> str | None:
         meta = claim["metadata"]
