@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import dra_gpu
-from dra_gpu import config
+from dra_gpu import config, failpoints
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "agent":
         try:
             settings = config.settings_from(config.AgentSettings, args)
+            failpoints.configure()
         except (ValueError, TypeError) as exc:
             parser.error(f"agent: {exc}")
         from dra_gpu.agent.runner import run_agent

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from dra_gpu import kube
+from dra_gpu import kube, slices
+from dra_gpu.testing import AgentProcess, ControlPlane, DraSettings, KubeletStandIn
+
+RESOURCE = "/apis/resource.k8s.io/v1"
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "crds-examples"
@@ -54,3 +59,64 @@ async def events_of(api: kube.Kube, namespace: str, kind: str = "Pod") -> list[k
 
 def dump(obj: object) -> str:
     return json.dumps(obj, indent=1)[:4000]
+
+
+@contextlib.asynccontextmanager
+async def gpu_nodes(
+    api: kube.Kube,
+    control_plane: ControlPlane,
+    root: Path,
+    names: Sequence[str],
+    *,
+    gpus: int,
+    device_class: str,
+    agent_env: dict[str, str] | None = None,
+) -> AsyncIterator[tuple[KubeletStandIn, list[AgentProcess]]]:
+    """Stand-in nodes of their own (labelled ``dra-gpu.io/pool=<device_class>``), each with an
+    agent and ``gpus`` simulated GPUs, and a DeviceClass for them; all removed afterwards."""
+    profile = root / "profile.yaml"
+    profile.write_text(
+        "nodes:\n"
+        + "".join(f"  {n}:\n    devices:\n    - count: {gpus}\n      memory: 16Gi\n" for n in names)
+    )
+    selectors = [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]
+    await api.create(
+        f"{RESOURCE}/deviceclasses",
+        {"metadata": {"name": device_class}, "spec": {"selectors": selectors}},
+    )
+    try:
+        async with KubeletStandIn(api, names, root / "k", dra=DraSettings(retry_seconds=1)) as kl:
+            for name in names:
+                await api.patch(
+                    f"/api/v1/nodes/{name}",
+                    {"metadata": {"labels": {"dra-gpu.io/pool": device_class}}},
+                )
+            agents = [
+                AgentProcess(
+                    n,
+                    control_plane.kubeconfig,
+                    kl.kubelet_dir(n),
+                    kl.kubelet_dir(n),
+                    profile=profile,
+                    env=dict(agent_env or {}),
+                )
+                for n in names
+            ]
+            try:
+                await asyncio.gather(*(a.astart(120) for a in agents))
+                yield kl, agents
+            finally:
+                for agent in agents:
+                    agent.stop()
+    finally:
+        for name in names:  # the other tests count three nodes
+            with contextlib.suppress(kube.ApiError):
+                await api.delete(f"/api/v1/nodes/{name}")
+        listing = await api.get(
+            f"{RESOURCE}/resourceslices",
+            labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
+        )
+        for item in listing["items"]:
+            if item["spec"].get("nodeName") in names:
+                await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+        await api.delete(f"{RESOURCE}/deviceclasses/{device_class}")

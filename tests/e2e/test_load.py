@@ -17,16 +17,15 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from dra_gpu import cdi, checkpoint, kube, slices
+from dra_gpu import cdi, checkpoint, kube
 from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,
     ControlPlane,
-    DraSettings,
     KubeletStandIn,
     eventually,
 )
-from tests.e2e.helpers import events_of
+from tests.e2e.helpers import events_of, gpu_nodes
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 FULL = os.environ.get("DRA_GPU_LOAD") == "full"
@@ -42,48 +41,15 @@ async def load_nodes(
 ) -> AsyncIterator[tuple[KubeletStandIn, list[AgentProcess]]]:
     names = [f"load-{i:02d}" for i in range(NODES)]
     root = tmp_path_factory.mktemp("load")
-    profile = root / "profile.yaml"
-    profile.write_text(
-        "nodes:\n"
-        + "".join(f"  {n}:\n    devices:\n    - count: {GPUS}\n      memory: 16Gi\n" for n in names)
-    )
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {
-            "metadata": {"name": CLASS},
-            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]},
-        },
-    )
-    async with KubeletStandIn(api, names, root / "k", dra=DraSettings(retry_seconds=1)) as kl:
-        agents = [
-            AgentProcess(
-                n, control_plane.kubeconfig, kl.kubelet_dir(n), kl.kubelet_dir(n), profile=profile
-            )
-            for n in names
-        ]
-        try:
-            await asyncio.gather(*(a.astart(120) for a in agents))
-            yield kl, agents
-        finally:
-            for agent in agents:
-                agent.stop()
-    for name in names:  # the other tests count three nodes
-        await api.delete(f"/api/v1/nodes/{name}")
-    listing = await api.get(
-        f"{RESOURCE}/resourceslices",
-        labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
-    )
-    for item in listing["items"]:
-        if item["spec"].get("nodeName", "").startswith("load-"):
-            await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
-    await api.delete(f"{RESOURCE}/deviceclasses/{CLASS}")
+    async with gpu_nodes(api, control_plane, root, names, gpus=GPUS, device_class=CLASS) as nodes:
+        yield nodes
 
 
 def pod(i: int) -> kube.Body:
     return {
         "metadata": {"name": f"w-{i:03d}", "labels": {"app": "load"}},
         "spec": {
-            "nodeSelector": {"dra-gpu.io/load": "yes"},
+            "nodeSelector": {"dra-gpu.io/pool": CLASS},
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
             "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
         },
@@ -96,11 +62,7 @@ async def test_more_pods_than_gpus_all_placed_ones_run_the_rest_are_explained_no
     controller: ControllerProcess,
     load_nodes: tuple[KubeletStandIn, list[AgentProcess]],
 ) -> None:
-    kubelet, agents = load_nodes
-    for name in kubelet.nodes:
-        await api.patch(
-            f"/api/v1/nodes/{name}", {"metadata": {"labels": {"dra-gpu.io/load": "yes"}}}
-        )
+    _, agents = load_nodes
     ns = namespace
     await api.create(
         f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates",

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_gpu import cdi, checkpoint, kube, metrics, opaque
+from dra_gpu import cdi, checkpoint, failpoints, kube, metrics, opaque
 from dra_gpu.agent import claims
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.devices import model
@@ -177,6 +177,7 @@ class DeviceState:
         if spec is not None:
             writes.append(self._write_spec(ref.uid, spec))
         await asyncio.gather(*writes)
+        failpoints.reach("before-answer")
         self._status.set_devices(ref, self._status_entries(allocated, devices))
         return record
 
@@ -248,6 +249,7 @@ class DeviceState:
     async def _unprepare(self, ref: ClaimRef) -> None:
         # The spec goes even for an unrecorded claim: it may be a leak of a crashed prepare.
         await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, ref.uid)
+        failpoints.reach("cdi-spec-deleted")
         if ref.uid not in self._checkpoint.claims:
             return
         await self._commit(lambda recorded: recorded.without_claim(ref.uid))
@@ -276,6 +278,7 @@ class DeviceState:
                         for _, waiter in batch:
                             waiter.set_exception(exc)
                         continue
+                    failpoints.reach("checkpoint-written")
                     self._checkpoint = updated
                     self._update_gauges()
                     for _, waiter in batch:
@@ -289,6 +292,7 @@ class DeviceState:
 
     async def _write_spec(self, uid: str, spec: cdi.CdiSpec) -> None:
         await asyncio.to_thread(cdi.write_claim_spec, self.cdi_dir, spec, claim_uid=uid)
+        failpoints.reach("cdi-spec-written")
 
     async def _ensure_spec(self, uid: str, spec: cdi.CdiSpec) -> None:
         path = self.cdi_dir / cdi.spec_file_name(self.driver, uid)

@@ -30,6 +30,8 @@ class DraGpuProcess:
     health_port: int = 0
     metrics_port: int = 0
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Added to this process's environment (``DRA_GPU_FAILPOINTS`` for crash tests)."""
     detached: bool = False
     """Outlive this process (``make run``): own session, no parent-death signal; the PID is
     in ``<name>.pid`` for ``stop_detached``."""
@@ -52,6 +54,11 @@ class DraGpuProcess:
     @property
     def pid(self) -> int | None:
         return self._popen.pid if self._popen and self._popen.poll() is None else None
+
+    @property
+    def exited(self) -> bool:
+        """Started and gone since (killed, crashed or stopped)."""
+        return self._popen is not None and self._popen.poll() is not None
 
     def start(self, timeout: float = 60.0) -> None:
         """Start and wait, blocking; from async code use ``astart`` (a stand-in kubelet on
@@ -81,6 +88,7 @@ class DraGpuProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
                 start_new_session=self.detached,
             )
         self.pid_file.write_text(str(self._popen.pid))

@@ -9,9 +9,9 @@ sockets (reference: dra-facts.md §1-§3):
 - wipes the node's ResourceSlices at start, and a driver's slices once no instance of it has
   been connected for ``wipe_delay_seconds``;
 - prepares the claims of pods bound to the node (``NodePrepareResources`` per driver, checked
-  claim by claim), records them like the kubelet's checkpoint, resolves the returned CDI device
-  IDs in the node's CDI directory as a container runtime would, and only then lets the node
-  part mark the pod Running;
+  claim by claim; recorded before the call, as the kubelet checkpoints them), resolves the
+  returned CDI device IDs in the node's CDI directory as a container runtime would, and only
+  then lets the node part mark the pod Running;
 - unprepares claims no other pod on the node uses when a pod terminates, and only then lets the
   node part finish the deletion;
 - reports failures as the kubelet does: Warning Events on the pod with the kubelet's texts.
@@ -579,9 +579,17 @@ FinishDeletion = Callable[[kube.Body], Awaitable[None]]
 
 @dataclasses.dataclass
 class _ClaimRecord:
+    """A claim the node uses, recorded before its first prepare call as the kubelet does: a
+    pod deleted before any prepare succeeded still gets its claims unprepared."""
+
     ref: ClaimRef
-    devices: dict[str, tuple[PreparedDevice, ...]]  # by driver
+    drivers: tuple[str, ...]  # of the allocation: these are asked to unprepare
+    devices: dict[str, tuple[PreparedDevice, ...]]  # by driver, once prepared
     pod_uids: set[str]
+
+    @property
+    def prepared(self) -> bool:
+        return all(driver in self.devices for driver in self.drivers)
 
     def snapshot(self) -> PreparedClaim:
         devices = tuple(d for driver in sorted(self.devices) for d in self.devices[driver])
@@ -875,28 +883,27 @@ class _DraNode:
             raise NotReadyYet("a claim from a template is not named in the pod status yet")
         claims = {pc.pod_claim_name: await self._fetch_claim(pod, pc) for pc in wanted}
         uid = pod["metadata"]["uid"]
+        records: dict[str, _ClaimRecord] = {}
         todo: dict[str, list[ClaimRef]] = {}
-        for claim in claims.values():
-            ref = _claim_ref(claim)
-            if ref.uid in self.claims:
-                continue
-            for driver in claim_drivers(claim):
-                todo.setdefault(driver, []).append(ref)
-        results: dict[str, dict[str, tuple[PreparedDevice, ...]]] = {}
-        for driver in sorted(todo):
-            results[driver] = await self._prepare_with(driver, todo[driver])
-        # Recorded only once every driver succeeded: a failure re-sends all of them, which
-        # idempotent plugins answer the same way again.
-        by_pod_claim: dict[str, list[PreparedDevice]] = {}
         for name, claim in claims.items():
             ref = _claim_ref(claim)
-            record = self.claims.setdefault(ref.uid, _ClaimRecord(ref, {}, set()))
-            for driver, by_uid in results.items():
-                if ref.uid in by_uid:
-                    record.devices[driver] = by_uid[ref.uid]
+            # Recorded before the call: whatever happens to the pod now, its claims will be
+            # unprepared (the kubelet checkpoints its claim info before preparing, too).
+            record = self.claims.setdefault(
+                ref.uid, _ClaimRecord(ref, tuple(claim_drivers(claim)), {}, set())
+            )
             record.pod_uids.add(uid)
-            by_pod_claim[name] = [d for devices in record.devices.values() for d in devices]
-        return by_pod_claim
+            records[name] = record
+            for driver in record.drivers:
+                if driver not in record.devices:
+                    todo.setdefault(driver, []).append(ref)
+        for driver in sorted(todo):
+            for claim_uid, devices in (await self._prepare_with(driver, todo[driver])).items():
+                self.claims[claim_uid].devices[driver] = devices
+        return {
+            name: [d for devices in record.devices.values() for d in devices]
+            for name, record in records.items()
+        }
 
     async def _fetch_claim(self, pod: kube.Body, pod_claim: PodClaim) -> kube.Body:
         ns = pod["metadata"]["namespace"]
@@ -968,7 +975,7 @@ class _DraNode:
         """Unprepare claims per driver; drop them from the record once all drivers agreed."""
         by_driver: dict[str, list[ClaimRef]] = {}
         for record in records:
-            for driver in record.devices:
+            for driver in record.drivers:
                 by_driver.setdefault(driver, []).append(record.ref)
         for driver in sorted(by_driver):
             plugin = self._plugin_or_fail(driver)
@@ -1089,7 +1096,8 @@ class DraStandIn:
 
     def prepared_claims(self, node: str) -> dict[str, PreparedClaim]:
         """The record of prepared claims on ``node``, by claim UID."""
-        return {uid: r.snapshot() for uid, r in self._nodes[node].claims.items()}
+        claims = self._nodes[node].claims
+        return {uid: r.snapshot() for uid, r in claims.items() if r.prepared}
 
     def container_edits(self, namespace: str, pod: str, container: str) -> kube.Body:
         """The merged CDI containerEdits the container got when the pod started."""
