@@ -68,7 +68,7 @@ reliability: venv kubebins
 	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_load.py tests/e2e/test_apiserver_restart.py \
 	  tests/unit/test_fuzz_inputs.py "tests/e2e/test_agent.py::test_bad_grpc_requests_get_per_claim_errors_and_the_agent_keeps_serving" \
 	  "tests/e2e/test_agent.py::test_a_killed_agent_restarts_from_its_checkpoint_and_unprepare_still_works" \
-	  "tests/e2e/test_agent.py::test_a_corrupt_checkpoint_is_kept_aside_reported_and_the_agent_serves"
+	  "tests/e2e/test_agent.py::test_a_corrupt_checkpoint_is_kept_aside_reported_and_rebuilt_from_the_cluster"
 
 chart: venv kubebins
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
