@@ -280,6 +280,51 @@ async def test_a_killed_agent_restarts_from_its_checkpoint_and_unprepare_still_w
     assert list(agent.cdi_dir.glob("*.json")) == []
 
 
+@pytest.mark.parametrize("agent_restarts", [False, True], ids=["agent-kept", "agent-restarted"])
+async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
+    api: kube.Kube,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    start_agent: AgentFactory,
+    any_gpu_class: str,
+    agent_restarts: bool,
+) -> None:
+    agent = await start_agent("node-01")
+    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
+    await eventually(lambda: running_pod(api, namespace), what="pod Running")
+    uid = claim["metadata"]["uid"]
+    spec_file = agent.cdi_dir / cdi.spec_file_name(DRIVER, uid)
+    spec_before = spec_file.read_bytes()
+    env_before = kubelet.dra.container_env(namespace, "worker", "main")
+    recorded = checkpoint.read_checkpoint(agent.checkpoint_file).claims[uid]
+
+    if agent_restarts:
+        agent.kill()  # the agent goes down with the node ...
+    await kubelet.dra.reboot("node-01")  # ... which comes back with an empty CDI directory
+    assert not spec_file.exists()
+    if agent_restarts:
+        await agent.astart()
+
+    def restarted_env() -> dict[str, str] | None:
+        try:
+            return kubelet.dra.container_env(namespace, "worker", "main")
+        except KeyError:  # the pod's containers have not started again yet
+            return None
+
+    assert await eventually(restarted_env, what="the pod started again") == env_before
+    assert spec_file.read_bytes() == spec_before, "the same spec, written again"
+    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {uid: recorded}
+    # Prepared once: the kubelet's second call got the recorded answer, one claim on record.
+    assert [d.device for d in kubelet.dra.prepared_claims("node-01")[uid].devices] == ["gpu-0"]
+    assert "dra_gpu_prepared_claims 1.0" in agent.metrics()
+    assert await node_slices(api, "node-01"), "slices published again after the wipe"
+
+    await api.delete(f"/api/v1/namespaces/{namespace}/pods/worker")
+    await eventually(lambda: nothing_left_but_claim(api, namespace), what="pod gone")
+    assert not spec_file.exists()
+    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
+
+
 async def nothing_left_but_claim(api: kube.Kube, ns: str) -> bool:
     return not (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
 

@@ -573,8 +573,27 @@ async def test_a_kubelet_restart_keeps_prepared_claims_and_a_reboot_empties_the_
     await dra_kubelet.dra.reboot(NODE)
     assert list(cdi_dir.iterdir()) == []
     await eventually(lambda: len(plugin.statuses) == 3, what="the plugin registered again")
-    assert uid in dra_kubelet.dra.prepared_claims(NODE)
+    # After the reboot the pod's containers start again: the claim is prepared once more (the
+    # plugin writes its spec again) and the CDI IDs resolve afresh.
+    await eventually(
+        lambda: uid in dra_kubelet.dra.prepared_claims(NODE), what="prepared after the reboot"
+    )
+    await eventually(
+        lambda: "GPU_DEVICE_0" in env_or_none(dra_kubelet, namespace, "worker"),
+        what="pod restarted",
+    )
 
-    # The record survived both: the deletion unprepares, and the claim was prepared once.
+    # The record survived both: the deletion unprepares.
     await delete_pod_and_wait_gone(api, namespace)
-    assert [c.method for c in plugin.calls] == ["NodePrepareResources", "NodeUnprepareResources"]
+    assert [c.method for c in plugin.calls] == [
+        "NodePrepareResources",
+        "NodePrepareResources",
+        "NodeUnprepareResources",
+    ]
+
+
+def env_or_none(kubelet: KubeletStandIn, namespace: str, pod: str) -> dict[str, str]:
+    try:
+        return kubelet.dra.container_env(namespace, pod, "main")
+    except KeyError:  # not started (again) yet
+        return {}

@@ -1119,7 +1119,10 @@ class DraStandIn:
         await self._restart(node, reboot=False)
 
     async def reboot(self, node: str) -> None:
-        """A kubelet restart after a reboot: also every file in the CDI directory is gone."""
+        """A kubelet restart after a reboot: every file in the CDI directory is gone and the
+        containers with it. The kubelet then starts the pods again and, having only its
+        checkpoint (not which claims it prepared since boot), asks the plugins to prepare every
+        recorded claim again before it resolves the CDI IDs afresh."""
         await self._restart(node, reboot=True)
 
     async def _restart(self, node: str, *, reboot: bool) -> None:
@@ -1128,5 +1131,8 @@ class DraStandIn:
             await dra_node.drop_plugins()
             if reboot:
                 await asyncio.to_thread(_empty_dir, dra_node.cdi_dir)
+                dra_node.started.clear()
+                for record in dra_node.claims.values():
+                    record.devices.clear()
             await dra_node.wipe_slices()
         dra_node.wake.set()
