@@ -7,13 +7,17 @@ the chart's host paths do. Each test stops its agents and removes their slices a
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 import pytest_asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dra_gpu import cdi, checkpoint, kube, slices
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
@@ -484,3 +488,68 @@ async def test_bad_grpc_requests_get_per_claim_errors_and_the_agent_keeps_servin
         assert all(r.error == "" for r in gone.claims.values())
     assert agent.probe("/healthz") == 200
     assert 'dra_gpu_prepare_claims_total{result="error"}' in agent.metrics()
+
+
+DRA_METHODS = [
+    f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/{method}"
+    for version in ("v1", "v1beta1")
+    for method in ("NodePrepareResources", "NodeUnprepareResources")
+]
+FUZZ_EXAMPLES = 500 if os.environ.get("DRA_GPU_LOAD") == "full" else 60
+
+
+def names_the_claim(error: str, claims: list[v1.Claim]) -> bool:
+    return any(
+        f"{c.namespace}/{c.name}" in error or f"{c.namespace!r}/{c.name!r}" in error for c in claims
+    )
+
+
+async def test_fuzzed_grpc_requests_get_answers_naming_the_claim_and_never_break_the_agent(
+    kubelet: KubeletStandIn, start_agent: AgentFactory, namespace: str
+) -> None:
+    agent = await start_agent("node-01")
+    socket = dra_socket(kubelet, "node-01")
+    text = st.text(max_size=80)
+    label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
+    claim = st.builds(
+        v1.Claim,
+        namespace=st.one_of(text, label, st.just(namespace)),
+        name=st.one_of(text, label),
+        uid=st.one_of(text, label, st.uuids().map(str)),
+    )
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=False)
+    @given(
+        raw=st.binary(max_size=4096),
+        method=st.sampled_from(DRA_METHODS),
+        claims=st.lists(claim, max_size=40),
+    )
+    def fuzz(raw: bytes, method: str, claims: list[v1.Claim]) -> None:
+        with grpc.insecure_channel(socket) as channel:
+            refused: grpc.RpcError | None = None
+            try:  # bytes as they come: a message, or garbage the server must refuse
+                channel.unary_unary(method)(raw, timeout=30)
+            except grpc.RpcError as exc:
+                refused = exc
+            # grpc's own answer to bytes that are not the message: "Error parsing message".
+            assert refused is None or refused.code() == grpc.StatusCode.UNKNOWN, refused
+            stub = v1_grpc.DRAPluginStub(channel)
+            request = v1.NodePrepareResourcesRequest(claims=claims)
+            prepared = stub.NodePrepareResources(request, timeout=30)
+            assert set(prepared.claims) == {c.uid for c in claims}
+            for uid, result in prepared.claims.items():
+                same_uid = [c for c in claims if c.uid == uid]
+                assert result.error, "none of these claims exists"
+                assert names_the_claim(result.error, same_uid), result.error
+            request = v1.NodeUnprepareResourcesRequest(claims=claims)
+            unprepared = stub.NodeUnprepareResources(request, timeout=30)
+            assert set(unprepared.claims) == {c.uid for c in claims}
+            for uid, result in unprepared.claims.items():
+                same_uid = [c for c in claims if c.uid == uid]
+                assert not result.error or names_the_claim(result.error, same_uid), result.error
+
+    await asyncio.to_thread(fuzz)
+    assert not agent.exited
+    assert agent.probe("/healthz") == 200
+    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
+    assert list(agent.cdi_dir.glob("*.json")) == []

@@ -1,5 +1,8 @@
 """Which devices of a claim the agent may prepare: ours, from this node's pool, or an error."""
 
+import re
+import uuid
+
 import pytest
 
 from dra_gpu.agent.claims import (
@@ -56,3 +59,24 @@ def test_a_replaced_claim_is_refused() -> None:
 def test_a_request_without_namespace_or_uid_is_refused_naming_what_is_missing() -> None:
     with pytest.raises(ClaimError, match=r"the request lacks namespace, uid$"):
         check_request(ClaimRef("", "c", ClaimUID("")))
+
+
+@pytest.mark.parametrize(
+    ("ref", "problem"),
+    [
+        (ClaimRef("a/b", "c", ClaimUID("u")), "namespace is not a DNS label"),
+        (ClaimRef("ns", "../../api/v1/secrets", ClaimUID("u")), "name is not a DNS subdomain"),
+        (ClaimRef("ns", "c", ClaimUID("../x")), "uid is not a Kubernetes UID"),
+        (ClaimRef("", "C", ClaimUID("u")), "the request lacks namespace; name is not a DNS"),
+        (ClaimRef("ns", "a" * 254, ClaimUID("u")), "name is longer than 253 characters"),
+    ],
+)
+def test_names_that_the_api_server_never_gives_are_refused_before_any_use(
+    ref: ClaimRef, problem: str
+) -> None:
+    with pytest.raises(ClaimError, match=re.escape(problem)):
+        check_request(ref)
+
+
+def test_real_names_pass() -> None:
+    check_request(ClaimRef("t-1a2b3c", "w0-3-gpu-ztl46.x", ClaimUID(str(uuid.uuid4()))))

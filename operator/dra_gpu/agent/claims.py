@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NewType
 
@@ -47,13 +48,31 @@ class AllocatedDevice:
         return self.request.split("/", 1)[0]
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+
 def check_request(ref: ClaimRef) -> None:
-    """The kubelet always sends all three; anything else is a malformed request, not a claim."""
+    """The kubelet always sends all three, as the API server names them; anything else is a
+    malformed request, not a claim (and must never become part of a URL or a file name)."""
     missing = [field for field in ("namespace", "name", "uid") if not getattr(ref, field)]
-    if missing:
+    wrong = [
+        f"{field} is not a {kind}"
+        for field, pattern, kind in (
+            ("namespace", _DNS_LABEL, "DNS label"),
+            ("name", _DNS_SUBDOMAIN, "DNS subdomain"),
+            ("uid", _UID, "Kubernetes UID"),
+        )
+        if getattr(ref, field) and not pattern.fullmatch(getattr(ref, field))
+    ]
+    if len(ref.name) > 253:
+        wrong.append("name is longer than 253 characters")
+    if missing or wrong:
+        problems = [f"the request lacks {', '.join(missing)}"] if missing else []
         raise ClaimError(
-            f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}): the request lacks "
-            f"{', '.join(missing)}"
+            f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}): "
+            + "; ".join(problems + wrong)
         )
 
 

@@ -235,9 +235,13 @@ class DeviceState:
         started = time.perf_counter()
         error: PrepareFailed | None = None
         try:
+            claims.check_request(ref)
             async with self._claim_lock(ref.uid):
                 await self._unprepare(ref)
             self._claim_locks.pop(ref.uid, None)  # the claim is done with on this node
+        except ClaimError as exc:
+            error = PrepareFailed(str(exc))
+            log.warning("unprepare %s: %s", ref, exc)
         except Exception as exc:
             log.exception("unprepare of claim %s failed", ref)
             error = PrepareFailed(f"ResourceClaim {ref}: {type(exc).__name__}: {exc}")
