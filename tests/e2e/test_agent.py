@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import stat
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -24,7 +27,13 @@ from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
+from dra_gpu.testing import (
+    AgentProcess,
+    ControllerProcess,
+    ControlPlane,
+    KubeletStandIn,
+    eventually,
+)
 from tests.e2e.helpers import EXAMPLES, Kubectl, events_of
 
 DRIVER = "gpu.example.com"
@@ -553,3 +562,64 @@ async def test_fuzzed_grpc_requests_get_answers_naming_the_claim_and_never_break
     assert agent.probe("/healthz") == 200
     assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
     assert list(agent.cdi_dir.glob("*.json")) == []
+
+
+async def test_nothing_the_agent_creates_is_open_to_others_even_under_umask_0(
+    api: kube.Kube,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    any_gpu_class: str,
+    start_agent: AgentFactory,
+) -> None:
+    node_dir = kubelet.kubelet_dir("node-01")
+    for left_by_earlier_tests in ("cdi", "checkpoint", f"plugins/{DRIVER}"):
+        shutil.rmtree(node_dir / left_by_earlier_tests, ignore_errors=True)
+    previous = os.umask(0)  # a careless container runtime; the agent inherits it
+    try:
+        agent = await start_agent("node-01")
+    finally:
+        os.umask(previous)
+    await claim_and_pod(api, namespace, any_gpu_class, "node-01")
+    await eventually(lambda: running_pod(api, namespace), what="pod Running")
+
+    plugin_dir = node_dir / "plugins" / DRIVER
+    created = [
+        agent.cdi_dir,
+        *agent.cdi_dir.iterdir(),
+        agent.checkpoint_dir,
+        *agent.checkpoint_dir.iterdir(),
+        plugin_dir,
+        *plugin_dir.iterdir(),
+        *node_dir.joinpath("plugins_registry").glob(f"{DRIVER}*"),
+    ]
+    modes = {path: stat.S_IMODE(path.stat().st_mode) for path in created}
+    assert [p for p, mode in modes.items() if mode & 0o002] == [], "world-writable"
+    assert [p for p in created if p.is_socket() and modes[p] & 0o007] == [], "sockets for all"
+    assert modes[agent.checkpoint_file] == 0o600
+    assert {modes[p] for p in agent.cdi_dir.glob("*.json")} == {0o644}  # runtimes read them
+
+
+async def test_metrics_and_probes_expose_no_credentials(
+    control_plane: ControlPlane,
+    controller: ControllerProcess,
+    start_agent: AgentFactory,
+) -> None:
+    agent = await start_agent("node-01")
+    pages = {
+        "agent metrics": agent.metrics(),
+        "controller metrics": controller.metrics(),
+    }
+    for name, process in (("agent", agent), ("controller", controller)):
+        for path in ("/healthz", "/readyz"):
+            url = f"http://127.0.0.1:{process.health_port}{path}"
+            pages[f"{name} {path}"] = await asyncio.to_thread(read_page, url)
+    secrets = [control_plane.token, "Bearer", "PRIVATE KEY", "BEGIN CERTIFICATE", "kubeconfig"]
+    assert {name: [s for s in secrets if s in page] for name, page in pages.items()} == {
+        name: [] for name in pages
+    }
+    assert "dra_gpu_prepare_claims_total" in pages["agent metrics"]
+
+
+def read_page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read()).decode()

@@ -416,9 +416,13 @@ async def test_agent_writes_slices_of_its_own_node_only(
         code, moved = await agent.request("PUT", f"{SLICES}/{own['metadata']['name']}", answer)
         assert code in (403, 422), moved  # 422: nodeName is immutable; either way refused
 
-        # Another node's slice (written by the admin) cannot be deleted by this agent.
+        # Another node's slice (written by the admin) can be neither updated nor deleted.
         theirs = await api.create(SLICES, slice_body(release, "node-02"))
         created.append(theirs["metadata"]["name"])
+        theirs["spec"]["pool"]["generation"] = 2
+        code, answer = await agent.request("PUT", f"{SLICES}/{theirs['metadata']['name']}", theirs)
+        assert code == 403, answer
+        assert "not of node node-02" in answer["message"], answer
         code, answer = await agent.request("DELETE", f"{SLICES}/{theirs['metadata']['name']}")
         assert code == 403, answer
         assert "not of node node-02" in answer["message"], answer

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import NoReturn
 
 from dra_gpu import cdi, checkpoint, events, httpserver, kube, metrics
@@ -54,6 +55,9 @@ def make_backend(settings: AgentSettings) -> model.Backend:
 
 
 async def run_agent(settings: AgentSettings, stopping: asyncio.Event) -> None:
+    # Whatever umask the container runtime hands us: the directories we create on the host
+    # (CDI, checkpoint, plugin socket dirs) must never be writable by others.
+    os.umask(os.umask(0o022) | 0o022)
     backend = make_backend(settings)
     try:
         async with await kube.Kube.connect(settings.kubeconfig) as api:
