@@ -8,6 +8,7 @@ the chart's host paths do. Each test stops its agents and removes their slices a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -336,6 +337,41 @@ async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     await eventually(lambda: nothing_left_but_claim(api, namespace), what="pod gone")
     assert not spec_file.exists()
     assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
+
+
+async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared_at_start(
+    api: kube.Kube,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    start_agent: AgentFactory,
+    any_gpu_class: str,
+) -> None:
+    agent = await start_agent("node-01")
+    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
+    await eventually(lambda: running_pod(api, namespace), what="pod Running")
+    uid = claim["metadata"]["uid"]
+    agent.kill()
+    # Left from before: a claim deleted while the node's kubelet state was wiped (nobody will
+    # ever ask to unprepare it), and one re-created under the same name with a new UID.
+    recorded = checkpoint.read_checkpoint(agent.checkpoint_file)
+    live = recorded.claims[uid]
+    stale = {
+        "0d5e6f70-0000-4000-8000-000000000001": (namespace, "deleted-long-ago"),
+        "0d5e6f70-0000-4000-8000-000000000002": (namespace, "gpu"),  # its name lives on
+    }
+    for stale_uid, (ns, name) in stale.items():
+        spec = cdi.claim_spec(DRIVER, stale_uid, [("gpu-1", {"GPU_DEVICE_0": "gpu-1"})])
+        cdi.write_claim_spec(agent.cdi_dir, spec, claim_uid=stale_uid)
+        old = dataclasses.replace(live, uid=stale_uid, namespace=ns, name=name, cdi_spec=spec)
+        recorded = recorded.with_claim(old)
+    checkpoint.write_checkpoint(agent.checkpoint_file, recorded)
+
+    await agent.astart()
+    assert set(checkpoint.read_checkpoint(agent.checkpoint_file).claims) == {uid}
+    assert set(cdi.list_claim_specs(agent.cdi_dir, DRIVER)) == {uid}
+    log = agent.log_file.read_text()
+    assert f"unprepared claim {namespace}/deleted-long-ago (uid {next(iter(stale))})" in log
+    assert "dra_gpu_prepared_claims 1.0" in agent.metrics()
 
 
 async def nothing_left_but_claim(api: kube.Kube, ns: str) -> bool:

@@ -54,6 +54,11 @@ def make_backend(settings: AgentSettings) -> model.Backend:
     return backend
 
 
+VANISHED_CHECK_RESYNCS = 10
+"""Recorded claims are checked against the API server at start and every 10 resyncs (a GET
+per prepared claim, so not every resync)."""
+
+
 async def run_agent(settings: AgentSettings, stopping: asyncio.Event) -> None:
     # Whatever umask the container runtime hands us: the directories we create on the host
     # (CDI, checkpoint, plugin socket dirs) must never be writable by others.
@@ -90,6 +95,7 @@ async def _run(
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)
+    await _release_vanished(state)
     registration = server.RegistrationStatus()
 
     async def healthz() -> tuple[bool, str]:
@@ -133,10 +139,27 @@ async def _run(
                     publisher.run_forever(registration.accepted), name="slice-publisher"
                 )
                 tasks.create_task(status_writer.run_forever(), name="status-writer")
+                tasks.create_task(
+                    _release_vanished_forever(
+                        state, VANISHED_CHECK_RESYNCS * settings.resync_seconds
+                    ),
+                    name="vanished-claims",
+                )
                 tasks.create_task(_watch_registration(registration, publisher), name="registration")
                 tasks.create_task(_stop_on(stopping), name="stop")
         except* _Stop:
             log.info("stopping; slices stay published")
+
+
+async def _release_vanished(state: DeviceState) -> None:
+    for line in await state.release_vanished():
+        log.warning("%s", line)
+
+
+async def _release_vanished_forever(state: DeviceState, period: float) -> NoReturn:
+    while True:
+        await asyncio.sleep(period)
+        await _release_vanished(state)
 
 
 async def _stop_on(stopping: asyncio.Event) -> NoReturn:
