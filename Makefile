@@ -65,10 +65,9 @@ bench: venv kubebins $(PYDRA_VENV)/.installed
 
 # The reliability tests at the issue's full size (CI runs them smaller as part of `make test`).
 reliability: venv kubebins
-	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_load.py tests/e2e/test_apiserver_restart.py \
-	  tests/unit/test_fuzz_inputs.py "tests/e2e/test_agent.py::test_bad_grpc_requests_get_per_claim_errors_and_the_agent_keeps_serving" \
-	  "tests/e2e/test_agent.py::test_a_killed_agent_restarts_from_its_checkpoint_and_unprepare_still_works" \
-	  "tests/e2e/test_agent.py::test_a_corrupt_checkpoint_is_kept_aside_reported_and_rebuilt_from_the_cluster"
+	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_crash.py tests/e2e/test_load.py \
+	  tests/e2e/test_apiserver_restart.py tests/e2e/test_agent.py tests/e2e/test_chart.py \
+	  tests/unit/test_fuzz_inputs.py
 
 chart: venv kubebins
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu

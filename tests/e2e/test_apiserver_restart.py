@@ -129,6 +129,15 @@ async def test_agents_and_controller_survive_an_api_server_restart(
     await eventually(explained, what="the new claim explained after the restart")
     assert all(a.probe("/healthz") == 200 for a in agents)
 
+    def metrics_converged() -> bool:
+        page = controller.metrics()
+        return (
+            'dra_gpu_claims{state="pending"} 1.0' in page
+            and 'dra_gpu_devices{node="node-01",state="published"} 2.0' in page
+        )
+
+    await eventually(metrics_converged, what="controller metrics agree with the cluster again")
+
 
 async def _two(names: Awaitable[list[str]]) -> list[str] | None:
     found = await names

@@ -4,6 +4,7 @@ a result or their own error type naming the object and the field — never anoth
 from __future__ import annotations
 
 import json
+import os
 import string
 
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,8 @@ JSON = st.recursive(
     ),
     max_leaves=20,
 )
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = 3000 if os.environ.get("DRA_GPU_LOAD") == "full" else 300  # make reliability: full
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ
