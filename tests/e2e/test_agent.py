@@ -367,8 +367,12 @@ async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared
     checkpoint.write_checkpoint(agent.checkpoint_file, recorded)
 
     await agent.astart()
-    assert set(checkpoint.read_checkpoint(agent.checkpoint_file).claims) == {uid}
-    assert set(cdi.list_claim_specs(agent.cdi_dir, DRIVER)) == {uid}
+
+    def only_the_live_claim() -> bool:
+        recorded = set(checkpoint.read_checkpoint(agent.checkpoint_file).claims)
+        return recorded == {uid} == set(cdi.list_claim_specs(agent.cdi_dir, DRIVER))
+
+    await eventually(only_the_live_claim, what="the vanished claims unprepared")
     log = agent.log_file.read_text()
     assert f"unprepared claim {namespace}/deleted-long-ago (uid {next(iter(stale))})" in log
     assert "dra_gpu_prepared_claims 1.0" in agent.metrics()

@@ -3,6 +3,7 @@ kubelet's texts, which container gets which device, CDI resolution and event bod
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import grpc
 import pytest
 
 from dra_gpu import cdi
+from dra_gpu.proto.dra.v1 import api_pb2 as dra_v1
+from dra_gpu.proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from dra_gpu.testing import _dra
 from dra_gpu.testing._dra import ClaimRef, DraFailure, NotReadyYet, PreparedDevice
 
@@ -334,3 +337,32 @@ def test_event_bodies_look_like_the_kubelets() -> None:
     assert (body["reportingComponent"], body["reportingInstance"]) == ("kubelet", "node-01")
     assert body["firstTimestamp"] == body["lastTimestamp"] == "2025-01-01T00:00:00Z"
     assert body["count"] == 1
+
+
+# --- a plugin dropped while a call is in flight ----------------------------------------------
+
+
+class SlowPlugin(dra_v1_grpc.DRAPluginServicer):
+    async def NodePrepareResources(self, request: object, context: object) -> object:
+        await asyncio.sleep(30)
+        return dra_v1.NodePrepareResourcesResponse()
+
+
+async def test_a_call_on_a_plugin_closed_meanwhile_fails_like_any_call(tmp_path: Path) -> None:
+    # Discovery closes an instance whose socket was re-created while the node's worker waits
+    # on it; grpc then cancels the call, which must not end the worker as a cancellation.
+    socket = tmp_path / "dra.sock"
+    server = grpc.aio.server()
+    dra_v1_grpc.add_DRAPluginServicer_to_server(SlowPlugin(), server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    plugin = _dra._Plugin("gpu.example.com", "v1.DRAPlugin", str(socket), socket)
+    try:
+        closing = asyncio.get_running_loop().call_later(
+            0.3, lambda: asyncio.ensure_future(plugin.close())
+        )
+        with pytest.raises(DraFailure, match="code = Canceled desc = grpc: the client connection"):
+            await plugin.prepare([ClaimRef("ns", "c", "uid-1")], deadline=20)
+        closing.cancel()
+    finally:
+        await server.stop(None)

@@ -95,7 +95,6 @@ async def _run(
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)
-    await _release_vanished(state)
     registration = server.RegistrationStatus()
 
     async def healthz() -> tuple[bool, str]:
@@ -151,15 +150,12 @@ async def _run(
             log.info("stopping; slices stay published")
 
 
-async def _release_vanished(state: DeviceState) -> None:
-    for line in await state.release_vanished():
-        log.warning("%s", line)
-
-
 async def _release_vanished_forever(state: DeviceState, period: float) -> NoReturn:
+    # In the background from the start: an unreachable API server must not delay serving.
     while True:
+        for line in await state.release_vanished():
+            log.warning("%s", line)
         await asyncio.sleep(period)
-        await _release_vanished(state)
 
 
 async def _stop_on(stopping: asyncio.Event) -> NoReturn:

@@ -513,6 +513,16 @@ class _Plugin:
             return await getattr(self.stub, method)(request, timeout=deadline)  # gRPC deadline
         except grpc.aio.AioRpcError as exc:
             raise DraFailure(f"{method}: {go_rpc_error(exc.code(), exc.details())}") from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being stopped
+            # The channel was closed under the call (the plugin's socket was re-created and
+            # discovery dropped this instance): grpc cancels the call, a failure like any other.
+            details = "grpc: the client connection is closing"
+            raise DraFailure(
+                f"{method}: {go_rpc_error(grpc.StatusCode.CANCELLED, details)}"
+            ) from None
 
     async def close(self) -> None:
         if self.monitor is not None:
