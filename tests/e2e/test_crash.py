@@ -29,7 +29,7 @@ WORKERS = 6  # pods in flight at once, on a node with 8 GPUs
 CLASS = "dra-gpu-crash"
 NODE = "crash-01"
 DRIVER = "gpu.example.com"
-CRASH_POINTS = ",".join(f"{point}=0.08" for point in failpoints.POINTS)
+CRASH_POINTS = ",".join(f"{point}=0.03" for point in failpoints.POINTS)
 
 
 @dataclasses.dataclass
@@ -75,7 +75,7 @@ async def start_again(agent: AgentProcess) -> None:
 
 async def killer(agent: AgentProcess, tally: Tally, rng: random.Random) -> None:
     while not tally.done:
-        deadline = asyncio.get_running_loop().time() + rng.uniform(0.2, 2.0)
+        deadline = asyncio.get_running_loop().time() + rng.uniform(0.2, 1.5)
         while not agent.exited and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # polls a child process: there is no event to wait on
         if agent.exited:  # at one of its crash points
