@@ -230,6 +230,24 @@ async def claim_and_pod(
     return claim, pod
 
 
+async def running_worker(api: kube.Kube, ns: str, device_class: str) -> str:
+    """The pod ``worker`` on node-01 with its claim ``gpu``, Running; returns the claim's UID."""
+    claim, _ = await claim_and_pod(api, ns, device_class, "node-01")
+    await eventually(lambda: running_pod(api, ns), what="pod Running")
+    uid: str = claim["metadata"]["uid"]
+    return uid
+
+
+async def delete_worker_and_check_nothing_is_left(
+    api: kube.Kube, ns: str, agent: AgentProcess
+) -> None:
+    """The deletion goes through unprepare: no spec and no checkpoint entry remain."""
+    await api.delete(f"/api/v1/namespaces/{ns}/pods/worker")
+    await eventually(lambda: nothing_left_but_claim(api, ns), what="pod gone")
+    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
+    assert list(agent.cdi_dir.glob("*.json")) == []
+
+
 def dra_socket(kubelet: KubeletStandIn, node: str) -> str:
     return f"unix://{kubelet.kubelet_dir(node)}/plugins/{DRIVER}/dra.sock"
 
@@ -242,9 +260,7 @@ async def test_prepare_repeats_the_same_answer_over_v1_and_v1beta1(
     any_gpu_class: str,
 ) -> None:
     await start_agent("node-01")
-    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
-    await eventually(lambda: running_pod(api, namespace), what="pod Running")
-    uid = claim["metadata"]["uid"]
+    uid = await running_worker(api, namespace, any_gpu_class)
     recorded = kubelet.dra.prepared_claims("node-01")[uid].devices
     request = [v1.Claim(namespace=namespace, name="gpu", uid=uid)]
     async with grpc.aio.insecure_channel(dra_socket(kubelet, "node-01")) as channel:
@@ -267,33 +283,6 @@ async def test_prepare_repeats_the_same_answer_over_v1_and_v1beta1(
     assert list(device.cdi_device_ids) == [cdi.cdi_device_id(DRIVER, uid, device.device_name)]
 
 
-async def test_a_killed_agent_restarts_from_its_checkpoint_and_unprepare_still_works(
-    api: kube.Kube,
-    kubelet: KubeletStandIn,
-    namespace: str,
-    start_agent: AgentFactory,
-    any_gpu_class: str,
-) -> None:
-    agent = await start_agent("node-01")
-    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
-    await eventually(lambda: running_pod(api, namespace), what="pod Running")
-    uid = claim["metadata"]["uid"]
-    spec_file = agent.cdi_dir / cdi.spec_file_name(DRIVER, uid)
-    assert spec_file.exists()
-
-    agent.kill()  # SIGKILL: no cleanup at all; the sockets stay behind
-    spec_file.unlink()  # and a reboot emptied the tmpfs CDI directory meanwhile
-    await agent.astart()
-    assert spec_file.exists(), "the restarted agent re-created the spec from its checkpoint"
-    assert uid in checkpoint.read_checkpoint(agent.checkpoint_file).claims
-
-    await api.delete(f"/api/v1/namespaces/{namespace}/pods/worker")
-    await eventually(lambda: nothing_left_but_claim(api, namespace), what="pod gone")
-    assert not spec_file.exists()
-    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
-    assert list(agent.cdi_dir.glob("*.json")) == []
-
-
 @pytest.mark.parametrize("agent_restarts", [False, True], ids=["agent-kept", "agent-restarted"])
 async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     api: kube.Kube,
@@ -304,9 +293,7 @@ async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     agent_restarts: bool,
 ) -> None:
     agent = await start_agent("node-01")
-    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
-    await eventually(lambda: running_pod(api, namespace), what="pod Running")
-    uid = claim["metadata"]["uid"]
+    uid = await running_worker(api, namespace, any_gpu_class)
     spec_file = agent.cdi_dir / cdi.spec_file_name(DRIVER, uid)
     spec_before = spec_file.read_bytes()
     env_before = kubelet.dra.container_env(namespace, "worker", "main")
@@ -333,10 +320,7 @@ async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     assert "dra_gpu_prepared_claims 1.0" in agent.metrics()
     assert await node_slices(api, "node-01"), "slices published again after the wipe"
 
-    await api.delete(f"/api/v1/namespaces/{namespace}/pods/worker")
-    await eventually(lambda: nothing_left_but_claim(api, namespace), what="pod gone")
-    assert not spec_file.exists()
-    assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {}
+    await delete_worker_and_check_nothing_is_left(api, namespace, agent)
 
 
 async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared_at_start(
@@ -347,9 +331,7 @@ async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared
     any_gpu_class: str,
 ) -> None:
     agent = await start_agent("node-01")
-    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
-    await eventually(lambda: running_pod(api, namespace), what="pod Running")
-    uid = claim["metadata"]["uid"]
+    uid = await running_worker(api, namespace, any_gpu_class)
     agent.kill()
     # Left from before: a claim deleted while the node's kubelet state was wiped (nobody will
     # ever ask to unprepare it), and one re-created under the same name with a new UID.
@@ -468,9 +450,7 @@ async def test_a_corrupt_checkpoint_is_kept_aside_reported_and_rebuilt_from_the_
     reason: str,
 ) -> None:
     agent = await start_agent("node-01")
-    claim, _ = await claim_and_pod(api, namespace, any_gpu_class, "node-01")
-    await eventually(lambda: running_pod(api, namespace), what="pod Running")
-    uid = claim["metadata"]["uid"]
+    uid = await running_worker(api, namespace, any_gpu_class)
     before = checkpoint.read_checkpoint(agent.checkpoint_file).claims[uid]
 
     agent.kill()
@@ -505,10 +485,7 @@ async def test_a_corrupt_checkpoint_is_kept_aside_reported_and_rebuilt_from_the_
     assert f"checkpoint {bad} is corrupt: {reason}" in agent.log_file.read_text()
 
     # Serving from the rebuilt state: the pod's deletion unprepares the claim.
-    await api.delete(f"/api/v1/namespaces/{namespace}/pods/worker")
-    await eventually(lambda: nothing_left_but_claim(api, namespace), what="pod gone")
-    assert checkpoint.read_checkpoint(bad).claims == {}
-    assert list(agent.cdi_dir.glob("*.json")) == []
+    await delete_worker_and_check_nothing_is_left(api, namespace, agent)
     kept.unlink()
 
 
@@ -619,8 +596,7 @@ async def test_nothing_the_agent_creates_is_open_to_others_even_under_umask_0(
         agent = await start_agent("node-01")
     finally:
         os.umask(previous)
-    await claim_and_pod(api, namespace, any_gpu_class, "node-01")
-    await eventually(lambda: running_pod(api, namespace), what="pod Running")
+    await running_worker(api, namespace, any_gpu_class)
 
     plugin_dir = node_dir / "plugins" / DRIVER
     created = [

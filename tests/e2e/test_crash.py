@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from dra_gpu import cdi, checkpoint, failpoints, kube
 from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
-from tests.e2e.helpers import RESOURCE, gpu_nodes
+from tests.e2e.helpers import RESOURCE, exists, gpu_nodes
 
 FULL = os.environ.get("DRA_GPU_LOAD") == "full"
 CYCLES = 500 if FULL else 40
@@ -120,14 +120,11 @@ async def run_pod(
 
 
 async def delete_pod(api: kube.Kube, ns: str, name: str) -> None:
-    await api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+    path = f"/api/v1/namespaces/{ns}/pods/{name}"
+    await api.delete(path)
 
     async def gone() -> bool:
-        try:
-            await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-        except kube.ApiError as exc:
-            return exc.not_found
-        return False
+        return not await exists(api, path)
 
     await eventually(gone, timeout=180, interval=0.2, what=f"pod {name} gone (unprepared)")
 
@@ -137,31 +134,16 @@ async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothin
 ) -> None:
     kubelet, agent = crash_node
     ns = namespace
+    one_gpu = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}
     await api.create(
         f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates",
-        {
-            "metadata": {"name": "one-gpu"},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]
-                    }
-                }
-            },
-        },
+        {"metadata": {"name": "one-gpu"}, "spec": {"spec": one_gpu}},
     )
     # Odd workers reuse one claim of their own (same UID, new allocation each time).
     for worker in range(1, WORKERS, 2):
         await api.create(
             f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-            {
-                "metadata": {"name": f"claim-{worker}"},
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]
-                    }
-                },
-            },
+            {"metadata": {"name": f"claim-{worker}"}, "spec": one_gpu},
         )
 
     def claim_of(worker: int) -> kube.Body:

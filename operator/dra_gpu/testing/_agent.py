@@ -22,6 +22,8 @@ from pathlib import Path
 from dra_gpu import DEFAULT_DRIVER_NAME
 from dra_gpu.testing._control_plane import _tail, dying_with_parent, free_port
 
+PORT_ATTEMPTS = 3
+
 
 @dataclasses.dataclass(kw_only=True)
 class DraGpuProcess:
@@ -36,6 +38,8 @@ class DraGpuProcess:
     """Outlive this process (``make run``): own session, no parent-death signal; the PID is
     in ``<name>.pid`` for ``stop_detached``."""
     _popen: subprocess.Popen[bytes] | None = None
+    _picked_ports: bool = False
+    _log_start: int = 0
 
     name = "dra-gpu"
     """Names the log and PID files in ``state_dir`` (a field of each subclass)."""
@@ -63,19 +67,44 @@ class DraGpuProcess:
     def start(self, timeout: float = 60.0) -> None:
         """Start and wait, blocking; from async code use ``astart`` (a stand-in kubelet on
         the same event loop has to register the agent before it becomes ready)."""
-        self.spawn()
-        self.wait_ready(timeout)
+        for attempt in range(PORT_ATTEMPTS):
+            self.spawn()
+            try:
+                return self.wait_ready(timeout)
+            except RuntimeError:
+                if not self._lost_port_race(attempt):
+                    raise
 
     async def astart(self, ready_within: float = 60.0) -> None:
-        self.spawn()
-        await asyncio.to_thread(self.wait_ready, ready_within)
+        for attempt in range(PORT_ATTEMPTS):
+            self.spawn()
+            try:
+                return await asyncio.to_thread(self.wait_ready, ready_within)
+            except RuntimeError:
+                if not self._lost_port_race(attempt):
+                    raise
+
+    def _lost_port_race(self, attempt: int) -> bool:
+        """A port we picked was taken before the process bound it (many processes start at
+        once, and outgoing connections use the same range): pick others and try again."""
+        if not self._picked_ports or attempt + 1 == PORT_ATTEMPTS:
+            return False
+        with self.log_file.open("rb") as log:
+            log.seek(self._log_start)
+            if b"address already in use" not in log.read():
+                return False
+        self.health_port = self.metrics_port = 0
+        return True
 
     def spawn(self) -> None:
+        if not self.health_port and not self.metrics_port:
+            self._picked_ports = True
         if not self.health_port:
             self.health_port = free_port()
         if not self.metrics_port:
             self.metrics_port = free_port()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
         with self.log_file.open("ab") as log:
             command = [
                 *self.args(),
