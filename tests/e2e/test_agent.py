@@ -323,7 +323,7 @@ async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     await delete_worker_and_check_nothing_is_left(api, namespace, agent)
 
 
-async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared_at_start(
+async def test_records_the_kubelet_forgot_are_unprepared_once_their_claims_moved_on(
     api: kube.Kube,
     kubelet: KubeletStandIn,
     namespace: str,
@@ -332,19 +332,25 @@ async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared
 ) -> None:
     agent = await start_agent("node-01")
     uid = await running_worker(api, namespace, any_gpu_class)
+    idle = await api.create(
+        f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
+        {"metadata": {"name": "idle"}, "spec": {"devices": {"requests": []}}},
+    )
     agent.kill()
-    # Left from before: a claim deleted while the node's kubelet state was wiped (nobody will
-    # ever ask to unprepare it), and one re-created under the same name with a new UID.
+    # Left from before, while the node's kubelet state was wiped (nobody will ever ask to
+    # unprepare them): a claim deleted since, one re-created under the same name with a new
+    # UID, one that exists but is no longer allocated.
     recorded = checkpoint.read_checkpoint(agent.checkpoint_file)
     live = recorded.claims[uid]
     stale = {
-        "0d5e6f70-0000-4000-8000-000000000001": (namespace, "deleted-long-ago"),
-        "0d5e6f70-0000-4000-8000-000000000002": (namespace, "gpu"),  # its name lives on
+        "0d5e6f70-0000-4000-8000-000000000001": ("deleted-long-ago", "it no longer exists"),
+        "0d5e6f70-0000-4000-8000-000000000002": ("gpu", "it was deleted and re-created"),
+        idle["metadata"]["uid"]: ("idle", "it is no longer allocated"),
     }
-    for stale_uid, (ns, name) in stale.items():
+    for stale_uid, (name, _) in stale.items():
         spec = cdi.claim_spec(DRIVER, stale_uid, [("gpu-1", {"GPU_DEVICE_0": "gpu-1"})])
         cdi.write_claim_spec(agent.cdi_dir, spec, claim_uid=stale_uid)
-        old = dataclasses.replace(live, uid=stale_uid, namespace=ns, name=name, cdi_spec=spec)
+        old = dataclasses.replace(live, uid=stale_uid, name=name, cdi_spec=spec)
         recorded = recorded.with_claim(old)
     checkpoint.write_checkpoint(agent.checkpoint_file, recorded)
 
@@ -354,9 +360,10 @@ async def test_claims_that_vanished_while_the_kubelet_forgot_them_are_unprepared
         recorded = set(checkpoint.read_checkpoint(agent.checkpoint_file).claims)
         return recorded == {uid} == set(cdi.list_claim_specs(agent.cdi_dir, DRIVER))
 
-    await eventually(only_the_live_claim, what="the vanished claims unprepared")
+    await eventually(only_the_live_claim, what="the stale records unprepared")
     log = agent.log_file.read_text()
-    assert f"unprepared claim {namespace}/deleted-long-ago (uid {next(iter(stale))})" in log
+    for stale_uid, (name, reason) in stale.items():
+        assert f"unprepared claim {namespace}/{name} (uid {stale_uid}): {reason}" in log
     assert "dra_gpu_prepared_claims 1.0" in agent.metrics()
 
 

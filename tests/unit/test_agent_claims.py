@@ -13,6 +13,7 @@ from dra_gpu.agent.claims import (
     allocated_devices,
     check_identity,
     check_request,
+    stale_reason,
 )
 
 REF = ClaimRef("ns", "c", ClaimUID("u1"))
@@ -80,3 +81,39 @@ def test_names_that_the_api_server_never_gives_are_refused_before_any_use(
 
 def test_real_names_pass() -> None:
     check_request(ClaimRef("t-1a2b3c", "w0-3-gpu-ztl46.x", ClaimUID(str(uuid.uuid4()))))
+
+
+def allocated(uid: str, *devices: tuple[str, str, str]) -> dict[str, object]:
+    results = [{"driver": d, "pool": p, "device": n, "request": "gpu"} for d, p, n in devices]
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+MINE = ("gpu.example.com", "node-01", "gpu-0")
+
+
+@pytest.mark.parametrize(
+    ("claim", "reason"),
+    [
+        (allocated("u1", MINE), None),
+        (allocated("u1", MINE, ("other.example.com", "node-01", "x")), None),
+        (None, "it no longer exists"),
+        (allocated("u2", MINE), "it was deleted and re-created"),
+        ({"metadata": {"uid": "u1"}, "status": {}}, "it is no longer allocated"),
+        (
+            allocated("u1", ("gpu.example.com", "node-01", "gpu-1")),
+            "it is now allocated other devices of node node-01 than were prepared",
+        ),
+    ],
+)
+def test_a_record_is_stale_once_its_claim_no_longer_holds_what_was_prepared(
+    claim: dict[str, object] | None, reason: str | None
+) -> None:
+    prepared = [("node-01", "gpu-0")]
+    assert stale_reason(claim, "u1", prepared, "gpu.example.com", "node-01") == reason
+
+
+def test_a_record_from_another_nodes_pool_is_stale_here() -> None:
+    theirs = allocated("u1", ("gpu.example.com", "node-02", "gpu-0"))
+    assert stale_reason(theirs, "u1", [("node-02", "gpu-0")], "gpu.example.com", "node-01") == (
+        "it is now allocated other devices of node node-01 than were prepared"
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NewType
 
 ClaimUID = NewType("ClaimUID", str)
@@ -100,6 +100,33 @@ def allocated_devices(
             f"ResourceClaim {ref}: devices {', '.join(foreign)} are not in pool {pool} of this node"
         )
     return [AllocatedDevice(r["request"], r["pool"], r["device"]) for r in ours]
+
+
+def stale_reason(
+    claim: Mapping[str, Any] | None,
+    uid: str,
+    prepared: Iterable[tuple[str, str]],
+    driver: str,
+    pool: str,
+) -> str | None:
+    """Why a recorded claim no longer needs the (pool, device) pairs prepared for it, or None
+    if it still does. The API server keeps a claim, and its allocation, while a pod has it
+    reserved, so a stale record is never in use."""
+    if claim is None:
+        return "it no longer exists"
+    if claim.get("metadata", {}).get("uid") != uid:
+        return "it was deleted and re-created"
+    allocation = claim.get("status", {}).get("allocation")
+    if not allocation:
+        return "it is no longer allocated"
+    ours = {
+        (r.get("pool"), r.get("device"))
+        for r in allocation.get("devices", {}).get("results", [])
+        if r.get("driver") == driver and r.get("pool") == pool
+    }
+    if set(prepared) != ours:
+        return f"it is now allocated other devices of node {pool} than were prepared"
+    return None
 
 
 def allocation_configs(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:

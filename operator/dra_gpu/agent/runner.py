@@ -54,7 +54,7 @@ def make_backend(settings: AgentSettings) -> model.Backend:
     return backend
 
 
-VANISHED_CHECK_RESYNCS = 10
+STALE_CHECK_RESYNCS = 10
 """Recorded claims are checked against the API server at start and every 10 resyncs (a GET
 per prepared claim, so not every resync)."""
 
@@ -139,10 +139,8 @@ async def _run(
                 )
                 tasks.create_task(status_writer.run_forever(), name="status-writer")
                 tasks.create_task(
-                    _release_vanished_forever(
-                        state, VANISHED_CHECK_RESYNCS * settings.resync_seconds
-                    ),
-                    name="vanished-claims",
+                    _release_stale_forever(state, STALE_CHECK_RESYNCS * settings.resync_seconds),
+                    name="stale-claims",
                 )
                 tasks.create_task(_watch_registration(registration, publisher), name="registration")
                 tasks.create_task(_stop_on(stopping), name="stop")
@@ -150,10 +148,10 @@ async def _run(
             log.info("stopping; slices stay published")
 
 
-async def _release_vanished_forever(state: DeviceState, period: float) -> NoReturn:
+async def _release_stale_forever(state: DeviceState, period: float) -> NoReturn:
     # In the background from the start: an unreachable API server must not delay serving.
     while True:
-        for line in await state.release_vanished():
+        for line in await state.release_stale():
             log.warning("%s", line)
         await asyncio.sleep(period)
 

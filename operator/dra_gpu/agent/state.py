@@ -106,11 +106,11 @@ class DeviceState:
                 repaired.append(f"re-wrote CDI spec of claim {claim.namespace}/{claim.name}")
         return repaired
 
-    async def release_vanished(self) -> list[str]:
-        """Unprepare recorded claims the API server no longer has (deleted, or re-created with
-        another UID): the kubelet lost track of them, e.g. its state was wiped while the agent
-        was down. The API server keeps a claim while it is reserved for a pod, so none of these
-        is in use. A claim that cannot be read now is left for the next round."""
+    async def release_stale(self) -> list[str]:
+        """Unprepare recorded claims that no longer need what was prepared (see
+        ``claims.stale_reason``): the kubelet lost track of them, e.g. its state was wiped
+        while the agent was down, or the record came with a copied disk. A claim that cannot
+        be read now is left for the next round."""
         released: list[str] = []
         for uid, record in sorted(self._checkpoint.claims.items()):
             ref = ClaimRef(record.namespace, record.name, claims.ClaimUID(uid))
@@ -124,10 +124,10 @@ class DeviceState:
             except Exception as exc:  # the API server may be restarting: next round
                 log.info("cannot check claim %s now: %s", ref, exc)
                 continue
-            if current is not None and current.get("metadata", {}).get("uid") == uid:
-                continue
-            if await self.unprepare(ref) is None:
-                released.append(f"unprepared claim {ref} (uid {uid}): it no longer exists")
+            prepared = [(d.pool, d.device) for d in record.devices]
+            reason = claims.stale_reason(current, uid, prepared, self.driver, self.node)
+            if reason is not None and await self.unprepare(ref) is None:
+                released.append(f"unprepared claim {ref} (uid {uid}): {reason}")
         return released
 
     # ---- prepare -------------------------------------------------------------------------

@@ -893,6 +893,11 @@ class _DraNode:
             raise NotReadyYet("a claim from a template is not named in the pod status yet")
         claims = {pc.pod_claim_name: await self._fetch_claim(pod, pc) for pc in wanted}
         uid = pod["metadata"]["uid"]
+        # Every driver must be registered first: a pod that never reached one is not held
+        # up by it on deletion (the kubelet checks this before it records anything, too).
+        for claim in claims.values():
+            for driver in claim_drivers(claim):
+                self._plugin_or_fail(driver)
         records: dict[str, _ClaimRecord] = {}
         todo: dict[str, list[ClaimRef]] = {}
         for name, claim in claims.items():
