@@ -175,7 +175,7 @@ async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothin
         f"crash test: {tally.cycles} prepare/unprepare cycles, {tally.kills} SIGKILLs from "
         f"outside, {tally.self_kills} at the agent's crash points"
     )
-    assert tally.kills > 0
+    assert tally.kills + tally.self_kills >= 3, "the agent was hardly killed: nothing was tested"
 
     # In use: exactly the specs and checkpoint entries of the running pods' claims. One more
     # crash first, then no more crash points: nobody would restart the agent now.
