@@ -92,6 +92,9 @@ class ControllerSettings:
     """The DRA driver whose slices, claims and classes this controller looks after."""
     namespace: str = "default"
     """Namespace of the leader-election Lease (the chart sets the release namespace)."""
+    lease_name: str = "dra-gpu-controller"
+    """The leader-election Lease; one per release (the chart sets ``<release>-controller``),
+    so two releases for two drivers in one namespace each get a leader."""
     identity: str = ""
     """This replica's name in the Lease (the chart sets the pod name); default host-pid."""
     lease_seconds: int = 15

@@ -328,10 +328,20 @@ async def test_controller_can_read_what_it_watches_and_no_secrets(
         ("create", "", "events", "default", ""),
         ("patch", "", "pods", "default", ""),
     ]
+    lease = f"{release.name}-dra-gpu-controller"  # the release's own Lease, no other
     for attributes in allowed:
-        assert await can(controller, *attributes), f"controller cannot {attributes}"
+        assert await can(controller, *attributes, name=lease), f"controller cannot {attributes}"
     for attributes in denied:
-        assert not await can(controller, *attributes), f"controller may {attributes}"
+        assert not await can(controller, *attributes, name=lease), f"controller may {attributes}"
+    assert not await can(
+        controller,
+        "update",
+        "coordination.k8s.io",
+        "leases",
+        release.namespace,
+        "",
+        name="dra-gpu-controller",
+    ), "controller may take another release's Lease"
 
 
 async def can(
@@ -341,7 +351,7 @@ async def can(
     resource: str,
     namespace: str | None,
     subresource: str,
-    name: str = "dra-gpu-controller",
+    name: str = "",
 ) -> bool:
     attributes: dict[str, Any] = {
         "verb": verb,

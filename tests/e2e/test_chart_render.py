@@ -128,6 +128,7 @@ def test_controller_environment_is_valid_controller_settings() -> None:
     controller = find(render(), "Deployment")
     settings = settings_from_env(config.ControllerSettings, env_of(controller, DOWNWARD))
     assert settings.namespace == "dra"  # the Lease's namespace: the release namespace
+    assert settings.lease_name == "rel-dra-gpu-controller"  # one Lease per release
     assert settings.identity == "pod-x"
     assert (settings.metrics_port, settings.health_port) == (9400, 9401)
     assert controller["spec"]["replicas"] == 2

@@ -58,7 +58,7 @@ class Controller:
         self.leader = LeaderElector(
             api,
             namespace=settings.namespace,
-            name="dra-gpu-controller",
+            name=settings.lease_name,
             identity=identity,
             lease_seconds=settings.lease_seconds,
             renew_seconds=max(1.0, settings.lease_seconds / 3),
