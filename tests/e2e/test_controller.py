@@ -94,6 +94,7 @@ async def test_each_tutorial_state_is_explained_on_the_claim_once(
     tutorial_objects: None,
 ) -> None:
     ns = namespace
+    failures_before = controller.metric_value("dra_gpu_prepare_failures_total")
     await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "recomendador.yaml"))
     missing = await eventually(
         lambda: explained(api, ns, "request gpu: device class gpu-inferencia does not exist"),
@@ -120,6 +121,11 @@ async def test_each_tutorial_state_is_explained_on_the_claim_once(
     assert len(posted) == 2, "one event per reason, none after the claim was allocated"
     assert all(e.get("count", 1) == 1 for e in posted)
     assert reasons[0] != reasons[1]
+    # Step 4: no driver registered; the kubelet's failures are counted.
+    await eventually(
+        lambda: controller.metric_value("dra_gpu_prepare_failures_total") > failures_before,
+        what="the kubelet's FailedPrepareDynamicResources counted",
+    )
 
 
 async def test_a_taken_gpu_0_and_a_too_small_gpu_1_are_both_named(

@@ -14,7 +14,6 @@ from dra_gpu.controller import explain
 from dra_gpu.controller.view import ClusterView
 
 RESOURCE = "/apis/resource.k8s.io/v1"
-PREPARE_FAILED = "FailedPrepareDynamicResources"
 
 
 class ExplainError(Exception):
@@ -40,7 +39,7 @@ async def prepare_error(api: kube.Kube, pod: kube.Body) -> str | None:
     meta = pod["metadata"]
     listing = await api.get(
         f"/api/v1/namespaces/{meta['namespace']}/events",
-        fieldSelector=f"involvedObject.uid={meta['uid']},reason={PREPARE_FAILED}",
+        fieldSelector=f"involvedObject.uid={meta['uid']},reason={explain.PREPARE_FAILED}",
     )
     items = sorted(listing.get("items", []), key=lambda e: e.get("lastTimestamp") or "")
     return str(items[-1]["message"]) if items else None

@@ -34,6 +34,7 @@ from dra_gpu.controller.inventory import DeviceKey
 Body = Mapping[str, Any]
 
 PIECE_NAMES = ("class", "devices", "node", "driver")
+PREPARE_FAILED = "FailedPrepareDynamicResources"  # the kubelet's Event reason
 LIST_LIMIT = 3
 """Devices named per kind of problem in a message; the rest are counted ("and 7 more ...")."""
 REQUEST_LIMIT = 3

@@ -39,7 +39,6 @@ WATCHED = (
     ("", "v1", "pods", "Pod"),
     ("", "v1", "nodes", "Node"),
 )
-PREPARE_FAILED = "FailedPrepareDynamicResources"
 
 
 def _timestamp(value: str | None) -> datetime.datetime | None:
@@ -78,18 +77,6 @@ class Controller:
         for group, version, plural, kind in WATCHED:
             self._watch(registry, group, version, plural, kind)
 
-        @kopf.on.event("", "v1", "events", registry=registry, field="reason", value=PREPARE_FAILED)
-        async def prepare_failed(event: dict[str, Any], **_: Any) -> None:
-            body = event.get("object") or {}
-            uid, count = body.get("metadata", {}).get("uid", ""), int(body.get("count") or 1)
-            if event.get("type") == "DELETED":  # events expire (1 h): forget them with it
-                self._prepare_events.pop(uid, None)
-                return
-            seen = self._prepare_events.get(uid, 0)
-            if count > seen:
-                metrics.PREPARE_FAILURES.inc(count - seen)
-                self._prepare_events[uid] = count
-
         @kopf.on.login(registry=registry)
         async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             # A registry of our own has none of Kopf's default handlers; log in as they would.
@@ -112,6 +99,35 @@ class Controller:
         async def changed(event: dict[str, Any], **_: Any) -> None:
             self.view.apply(kind, event.get("type"), event["object"])
             self._wake.set()
+
+    # ---- the kubelet's prepare failures ---------------------------------------------------
+
+    async def count_prepare_failures_forever(self) -> None:
+        """Counts the kubelet's FailedPrepareDynamicResources events. Our own watch, not
+        Kopf's: its field filter is applied client-side, so every Event of the cluster would
+        reach us; the API server filters this one."""
+        events = self.api.watch_forever(
+            "/api/v1/events", fieldSelector=f"reason={explain.PREPARE_FAILED}"
+        )
+        async for kind, body in events:
+            if kind == "SYNC":  # a (re)list: what expired meanwhile is forgotten
+                items = body.get("items", [])
+                listed = {item.get("metadata", {}).get("uid") for item in items}
+                for uid in set(self._prepare_events) - listed:
+                    del self._prepare_events[uid]
+                for item in items:
+                    self._count_prepare_failures(item)
+            elif kind == "DELETED":  # events expire (1 h): forget them with it
+                self._prepare_events.pop(body.get("metadata", {}).get("uid", ""), None)
+            else:
+                self._count_prepare_failures(body)
+
+    def _count_prepare_failures(self, event: kube.Body) -> None:
+        uid, count = event.get("metadata", {}).get("uid", ""), int(event.get("count") or 1)
+        seen = self._prepare_events.get(uid, 0)
+        if count > seen:
+            metrics.PREPARE_FAILURES.inc(count - seen)
+            self._prepare_events[uid] = count
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -406,6 +422,9 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
                 ),
                 asyncio.create_task(controller.leader.run_forever(), name="leader"),
                 asyncio.create_task(controller.run_forever(), name="reconcile"),
+                asyncio.create_task(
+                    controller.count_prepare_failures_forever(), name="prepare-failures"
+                ),
             ]
             stop = asyncio.create_task(stopping.wait(), name="stop")
             done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)

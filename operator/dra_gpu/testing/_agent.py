@@ -235,17 +235,18 @@ class ControllerProcess(DraGpuProcess):
     def __str__(self) -> str:
         return f"controller {self.identity}"
 
-    def _gauge(self, name: str) -> float:
+    def metric_value(self, name: str) -> float:
+        """The value of an unlabelled metric (0 until it appears)."""
         for line in self.metrics().splitlines():
             if line.startswith(f"{name} "):
                 return float(line.split()[1])
         return 0.0
 
     def leads(self) -> bool:
-        return self._gauge("dra_gpu_controller_leader") == 1.0
+        return self.metric_value("dra_gpu_controller_leader") == 1.0
 
     def reconciles(self) -> float:
-        return self._gauge("dra_gpu_controller_reconciles_total")
+        return self.metric_value("dra_gpu_controller_reconciles_total")
 
     def args(self) -> list[str]:
         return [
