@@ -325,7 +325,6 @@ async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
 
 async def test_records_the_kubelet_forgot_are_unprepared_once_their_claims_moved_on(
     api: kube.Kube,
-    kubelet: KubeletStandIn,
     namespace: str,
     start_agent: AgentFactory,
     any_gpu_class: str,
