@@ -32,6 +32,11 @@ class ClaimRef:
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def path(self) -> str:
+        """The claim's API path (only for a ref that passed ``check_request``)."""
+        return f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaims/{self.name}"
+
 
 @dataclasses.dataclass(frozen=True)
 class AllocatedDevice:

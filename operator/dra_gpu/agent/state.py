@@ -114,9 +114,8 @@ class DeviceState:
         released: list[str] = []
         for uid, record in sorted(self._checkpoint.claims.items()):
             ref = ClaimRef(record.namespace, record.name, claims.ClaimUID(uid))
-            path = f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
             try:
-                current: kube.Body | None = await self.api.get(path)
+                current: kube.Body | None = await self.api.get(ref.path)
             except kube.ApiError as exc:
                 if not exc.not_found:
                     continue
@@ -206,9 +205,8 @@ class DeviceState:
         return record
 
     async def _read_claim(self, ref: ClaimRef) -> kube.Body:
-        path = f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
         try:
-            return await self.api.get(path)
+            return await self.api.get(ref.path)
         except kube.ApiError as exc:
             if exc.not_found:
                 raise ClaimError(f"ResourceClaim {ref} not found") from None

@@ -94,7 +94,7 @@ class StatusWriter(StatusSink):
             "status": {"devices": entries},
         }
         await self.api.patch(
-            f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}/status",
+            f"{ref.path}/status",
             body,
             "apply",
             fieldManager=self.field_manager,
