@@ -57,6 +57,16 @@ async def events_of(api: kube.Kube, namespace: str, kind: str = "Pod") -> list[k
     return items
 
 
+def started_env(
+    kubelet: KubeletStandIn, namespace: str, pod: str, container: str
+) -> dict[str, str] | None:
+    """The env the container got from CDI, or None while the stand-in has not started it."""
+    try:
+        return kubelet.dra.container_env(namespace, pod, container)
+    except KeyError:
+        return None
+
+
 def dump(obj: object) -> str:
     return json.dumps(obj, indent=1)[:4000]
 

@@ -35,7 +35,7 @@ from dra_gpu.testing import (
     KubeletStandIn,
     eventually,
 )
-from tests.e2e.helpers import EXAMPLES, Kubectl, events_of
+from tests.e2e.helpers import EXAMPLES, Kubectl, events_of, started_env
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -306,13 +306,10 @@ async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     if agent_restarts:
         await agent.astart()
 
-    def restarted_env() -> dict[str, str] | None:
-        try:
-            return kubelet.dra.container_env(namespace, "worker", "main")
-        except KeyError:  # the pod's containers have not started again yet
-            return None
-
-    assert await eventually(restarted_env, what="the pod started again") == env_before
+    restarted = await eventually(
+        lambda: started_env(kubelet, namespace, "worker", "main"), what="the pod started again"
+    )
+    assert restarted == env_before
     assert spec_file.read_bytes() == spec_before, "the same spec, written again"
     assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {uid: recorded}
     # Prepared once: the kubelet's second call got the recorded answer, one claim on record.

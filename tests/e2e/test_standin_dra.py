@@ -28,7 +28,7 @@ from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg_pb
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from dra_gpu.testing import DraSettings, KubeletStandIn, eventually
 from tests.e2e import helpers
-from tests.e2e.helpers import events_of
+from tests.e2e.helpers import events_of, started_env
 
 NODE = "node-dra-1"
 V1, V1BETA1 = "v1.DRAPlugin", "v1beta1.DRAPlugin"
@@ -579,7 +579,7 @@ async def test_a_kubelet_restart_keeps_prepared_claims_and_a_reboot_empties_the_
         lambda: uid in dra_kubelet.dra.prepared_claims(NODE), what="prepared after the reboot"
     )
     await eventually(
-        lambda: "GPU_DEVICE_0" in env_or_none(dra_kubelet, namespace, "worker"),
+        lambda: "GPU_DEVICE_0" in (started_env(dra_kubelet, namespace, "worker", "main") or {}),
         what="pod restarted",
     )
 
@@ -590,10 +590,3 @@ async def test_a_kubelet_restart_keeps_prepared_claims_and_a_reboot_empties_the_
         "NodePrepareResources",
         "NodeUnprepareResources",
     ]
-
-
-def env_or_none(kubelet: KubeletStandIn, namespace: str, pod: str) -> dict[str, str]:
-    try:
-        return kubelet.dra.container_env(namespace, pod, "main")
-    except KeyError:  # not started (again) yet
-        return {}
