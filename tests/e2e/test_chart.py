@@ -376,6 +376,18 @@ async def can(
     return bool(body["status"].get("allowed"))
 
 
+async def refusal_of(
+    api: kube.Kube, agent: Identity, body: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The answer to the agent creating ``body``, if refused. The policy may take a moment to
+    become active after install: a slice that slipped through is undone, and None returned."""
+    code, answer = await agent.request("POST", SLICES, body)
+    if code == 201:
+        await api.delete(f"{SLICES}/{body['metadata']['name']}")
+        return None
+    return {"code": code, **answer}
+
+
 async def test_agent_writes_slices_of_its_own_node_only(
     control_plane: ControlPlane, api: kube.Kube, release: Release
 ) -> None:
@@ -394,17 +406,11 @@ async def test_agent_writes_slices_of_its_own_node_only(
 
     created: list[str] = []
     try:
-        # Refused for node-02 by the policy (its message, not RBAC's). The policy may take a
-        # moment to become active after install: a write that slipped through is undone.
-        async def refused_for_other_node() -> dict[str, Any] | None:
-            body = slice_body(release, "node-02")
-            code, answer = await agent.request("POST", SLICES, body)
-            if code == 201:
-                await api.delete(f"{SLICES}/{body['metadata']['name']}")
-                return None
-            return {"code": code, **answer}
-
-        refusal = await eventually(refused_for_other_node, what="policy denies node-02's slice")
+        # Refused for node-02 by the policy (its message, not RBAC's).
+        refusal = await eventually(
+            lambda: refusal_of(api, agent, slice_body(release, "node-02")),
+            what="policy denies node-02's slice",
+        )
         assert refusal["code"] == 403, refusal
         assert f"ValidatingAdmissionPolicy '{release.policy}'" in refusal["message"], refusal
         assert (
@@ -451,15 +457,9 @@ async def test_agent_token_without_a_node_is_refused_by_the_policy(
     # A token not bound to a pod carries no node name: no slice at all, with a clear reason.
     agent = Identity(control_plane, await token_for(api, release.namespace, release.agent_sa))
     body = slice_body(release, "node-01")
-
-    async def refused() -> dict[str, Any] | None:
-        code, answer = await agent.request("POST", SLICES, body)
-        if code == 201:
-            await api.delete(f"{SLICES}/{body['metadata']['name']}")
-            return None
-        return {"code": code, **answer}
-
-    refusal = await eventually(refused, what="policy denies a slice from a token without node")
+    refusal = await eventually(
+        lambda: refusal_of(api, agent, body), what="policy denies a slice from a token without node"
+    )
     assert refusal["code"] == 403, refusal
     assert "no node name in the token" in refusal["message"], refusal
 
