@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _give_a_home()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -87,6 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"dra-gpu explain: {exc}", file=sys.stderr)
             return 1
     return 0
+
+
+def _give_a_home() -> None:
+    """An image's uid (65532) has no passwd entry; run without ``HOME`` as well, a process has
+    no home at all, and the Kubernetes client resolves ``~/.kube/config`` when imported (it
+    raises there). Such a process gets ``/``, as container runtimes give it."""
+    if os.path.expanduser("~") == "~":
+        os.environ["HOME"] = "/"
 
 
 def _run_until_signal(start) -> int:  # type: ignore[no-untyped-def]

@@ -52,17 +52,17 @@ class Controller:
         self.settings = settings
         self.api = api
         self.driver = settings.driver_name
-        identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
         self.view = ClusterView()
         self.leader = LeaderElector(
             api,
             namespace=settings.namespace,
             name=settings.lease_name,
-            identity=identity,
+            identity=self.identity,
             lease_seconds=settings.lease_seconds,
             renew_seconds=max(1.0, settings.lease_seconds / 3),
         )
-        self.reporter = Reporter(api, identity)
+        self.reporter = Reporter(api, self.identity)
         self._wake = asyncio.Event()
         self._timed_pods: dict[str, set[str]] = {"allocated": set(), "running": set()}
         self._class_warnings: dict[str, str] = {}
@@ -416,6 +416,9 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
                         registry=controller.registry(),
                         clusterwide=True,
                         standalone=True,
+                        # Ours, not Kopf's guess: that asks the passwd database for the user,
+                        # and an image's uid (65532) has no entry there — a crash at start.
+                        identity=controller.identity,  # type: ignore[arg-type]
                         stop_flag=kopf_stop,
                     ),
                     name="kopf",

@@ -34,6 +34,9 @@ class DraGpuProcess:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Added to this process's environment (``DRA_GPU_FAILPOINTS`` for crash tests)."""
+    run_as: int | None = None
+    """Run under this uid and gid, without supplementary groups and without ``HOME``, ``USER``
+    and ``LOGNAME`` (an image's user that has no passwd entry); default: ours."""
     detached: bool = False
     """Outlive this process (``make run``): own session, no parent-death signal; the PID is
     in ``<name>.pid`` for ``stop_detached``."""
@@ -112,13 +115,20 @@ class DraGpuProcess:
                 f"--metrics-port={self.metrics_port}",
                 *self.extra_args,
             ]
+            env = {**os.environ, **self.env}
+            if self.run_as is not None:
+                for variable in ("HOME", "USER", "LOGNAME"):
+                    env.pop(variable, None)
             self._popen = subprocess.Popen(
                 command if self.detached else dying_with_parent(command),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env=env,
                 start_new_session=self.detached,
+                user=self.run_as,
+                group=self.run_as,
+                extra_groups=None if self.run_as is None else [],
             )
         self.pid_file.write_text(str(self._popen.pid))
 
