@@ -391,14 +391,23 @@ def _class_problem(
 
 
 async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) -> None:
+    """Probes first, then wait for the API server (as the agent does: a Deployment whose API
+    server is not there yet must not crash-loop), then Kopf and our loops."""
     async with await kube.Kube.connect(settings.kubeconfig) as api:
         controller = Controller(settings, api)
         kopf_stop = asyncio.Event()
+        waiting: str | None = f"the API server at {api.server} has not answered yet"
+
+        def still_waiting(reason: str) -> None:
+            nonlocal waiting
+            waiting = reason
 
         async def healthz() -> tuple[bool, str]:
             return True, "ok"
 
         async def readyz() -> tuple[bool, str]:
+            if waiting is not None:
+                return False, waiting
             ok = controller.reconciled > 0
             return ok, "ok" if ok else "no complete pass over the cluster yet"
 
@@ -410,6 +419,9 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
             healthz=healthz,
             readyz=readyz,
         ):
+            if not await api.wait_until_ready(stopping, on_attempt=still_waiting):
+                return  # stopped before the API server answered
+            waiting = None
             tasks = [
                 asyncio.create_task(
                     kopf.operator(
