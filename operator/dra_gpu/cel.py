@@ -67,11 +67,13 @@ __all__ = [
     "QUANTITY_TYPE",
     "SEMVER_TYPE",
     "Compiled",
+    "DeviceValues",
     "Evaluation",
     "compile_selector",
     "device_view",
     "evaluate",
     "evaluate_all",
+    "evaluate_device",
 ]
 
 MAX_EXPRESSION_BYTES: Final = 10 * 1024
@@ -83,6 +85,9 @@ SEMVER_TYPE: Final = "kubernetes.Semver"
 """The one key of the map that stands for a Semver in CEL: ``{SEMVER_TYPE: "1.2.3-rc.1"}``."""
 
 _COMPILE_CACHE_SIZE: Final = 1024
+# Verdicts cached by (expression, what the expression reads of the device); see evaluate_device.
+_VERDICT_CACHE_SIZE: Final = 200_000
+_PROFILE_TABLE_SIZE: Final = 1_000_000
 # Bounds how many unknown domains one evaluation may default to an empty map (see _execute).
 _MAX_DEFAULTED_DOMAINS: Final = 4
 
@@ -101,6 +106,8 @@ class Compiled:
     expression: str
     error: str | None
     _program: cel.Program | None = dataclasses.field(default=None, repr=False, compare=False)
+    _reads: tuple[_Read, ...] | None = dataclasses.field(default=None, repr=False, compare=False)
+    """What the expression reads of ``device``, when only fixed keys (see ``_device_reads``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +136,7 @@ def compile_selector(expression: str) -> Compiled:
         return Compiled(expression, _message(error))
     if unsupported:
         return Compiled(expression, unsupported)
-    return Compiled(expression, None, program)
+    return Compiled(expression, None, program, _device_reads(expression))
 
 
 def evaluate(compiled: Compiled, driver: str, device: Mapping[str, Any]) -> Evaluation:
@@ -171,6 +178,64 @@ def evaluate_all(
         evaluation, loaded = _execute(compiled._program, context, view)
         results.append(evaluation)
     return results
+
+
+class DeviceValues:
+    """One ResourceSlice device, ready to be judged by many selectors.
+
+    Keep one per device for as long as its slice is unchanged: the device is checked once
+    (upstream rejects some values whatever the selector), and ``evaluate_device`` caches
+    verdicts by what each expression reads of it, so thousands of devices that differ only in
+    names, indexes and UUIDs cost one CEL evaluation per selector and kind of device.
+    """
+
+    __slots__ = ("_domains", "_profiles", "device", "driver", "error")
+
+    def __init__(self, driver: str, device: Mapping[str, Any]) -> None:
+        self.driver = driver
+        self.device = device
+        self.error: str | None = None
+        """Why the device cannot be a CEL ``device`` at all (every selector fails with it)."""
+        try:
+            device_view(driver, device)
+        except Exception as error:  # as evaluate_all: a device upstream cannot represent either
+            self.error = _message(error)
+        self._domains: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._profiles: dict[tuple[_Read, ...], tuple[int, int]] = {}
+
+    def _profile(self, reads: tuple[_Read, ...]) -> int:
+        known = self._profiles.get(reads)
+        if known is not None and known[0] == _profile_table.generation:
+            return known[1]
+        profile = _profile_table.intern(_projection(self, reads))
+        self._profiles[reads] = (_profile_table.generation, profile)
+        return profile
+
+
+def evaluate_device(compiled: Compiled, values: DeviceValues) -> Evaluation:
+    """``evaluate(compiled, values.driver, values.device)``, remembered. Never raises.
+
+    The verdict of an expression that reads only fixed keys of ``device`` (``device.driver``,
+    ``device.attributes["d"].name``, ``device.capacity["d"]["name"]``, ...) depends only on
+    the values under those keys (and on which domains the device has, which decides what an
+    unknown domain does); it is cached by them, so devices alike in those values share one
+    evaluation. Any other expression is evaluated every time.
+    """
+    if compiled._program is None:
+        return Evaluation(False, compiled.error or "expression was not compiled")
+    if values.error is not None:
+        return Evaluation(False, values.error)
+    reads = compiled._reads
+    if reads is None:
+        return evaluate(compiled, values.driver, values.device)
+    key = (compiled.expression, values._profile(reads))
+    verdict = _verdicts.get(key)
+    if verdict is None:
+        verdict = evaluate(compiled, values.driver, values.device)
+        if len(_verdicts) >= _VERDICT_CACHE_SIZE:
+            _verdicts.clear()
+        _verdicts[key] = verdict
+    return verdict
 
 
 def device_view(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
@@ -254,6 +319,167 @@ def _capacity_value(name: str, entry: Any) -> dict[str, str]:
         return {QUANTITY_TYPE: _quantity_text(value)}
     except ValueError as error:
         raise ValueError(f"capacity {name}: {error}") from None
+
+
+# --- cached verdicts ------------------------------------------------------------------------------
+
+_Read = tuple[str, ...]
+"""``("driver",)``, ``("allowMultipleAllocations",)`` or ``(field, domain, identifier)`` with
+field ``attributes`` or ``capacity``."""
+
+# Strings without escapes, identifiers, numbers, then any single character. A string with an
+# escape or a prefix (r"", b"") leaves a lone quote or a letter before it: see _device_reads.
+_LEXEME = re.compile(r"""\s+|//[^\n]*|"[^"\\\n]*"|'[^'\\\n]*'|[A-Za-z_]\w*|\d[\w.]*|.""", re.DOTALL)
+_OPERAND_END = re.compile(r"""[A-Za-z_\d"')\]}].*""", re.DOTALL)
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def _device_reads(expression: str) -> tuple[_Read, ...] | None:
+    """The fixed keys ``expression`` reads of ``device``; None when it may read more.
+
+    Recognised: ``device.driver``, ``device.allowMultipleAllocations``, and
+    ``device.attributes[<string>]`` or ``device.capacity[<string>]`` followed by ``.name`` or
+    ``[<string>]``. Anything else that touches ``device`` (the whole map, ``in``, ``size()``,
+    a computed key, a comprehension variable of that name, ``.device``) means None, and the
+    caller does not cache.
+    """
+    if '"""' in expression or "'''" in expression:
+        return None
+    tokens: list[str] = []
+    for match in _LEXEME.finditer(expression):
+        token = match[0]
+        if token.isspace() or token.startswith("//"):
+            continue
+        if token in ('"', "'", "`", "\\"):
+            return None  # a string with escapes, or not CEL at all
+        if token[0] in "\"'" and match.start() > 0 and expression[match.start() - 1].isalnum():
+            return None  # a prefixed string: r"...", b"..."
+        tokens.append(token)
+    reads: set[_Read] = set()
+    for i, token in enumerate(tokens):
+        if token != "device":
+            continue
+        if i > 0 and tokens[i - 1] == ".":
+            if i > 1 and _OPERAND_END.fullmatch(tokens[i - 2]):
+                continue  # a field named "device" of something else
+            return None  # ".device": the variable, named from the root
+        ahead = [*tokens[i + 1 : i + 9], "", "", "", "", "", "", "", ""]
+        if ahead[0] != ".":
+            return None
+        if ahead[1] in ("driver", "allowMultipleAllocations") and ahead[2] != "(":
+            reads.add((ahead[1],))
+            continue
+        if ahead[1] not in ("attributes", "capacity") or ahead[2] != "[":
+            return None
+        domain = _string_content(ahead[3])
+        if domain is None or ahead[4] != "]":
+            return None
+        if ahead[5] == "." and _IDENTIFIER.fullmatch(ahead[6]) and ahead[7] != "(":
+            name: str | None = ahead[6]
+        elif ahead[5] == "[" and ahead[7] == "]":
+            name = _string_content(ahead[6])
+        else:
+            name = None
+        if name is None:
+            return None
+        reads.add((ahead[1], domain, name))
+    return tuple(sorted(reads))
+
+
+def _string_content(token: str) -> str | None:
+    if len(token) >= 2 and token[0] == token[-1] and token[0] in "\"'":
+        return token[1:-1]
+    return None
+
+
+_ABSENT: Final = ("absent",)
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a JSON value that keeps types apart (1, 1.0 and True differ)."""
+    if isinstance(value, Mapping):
+        return ("map", tuple(sorted((str(k), _frozen(v)) for k, v in value.items())))
+    if isinstance(value, list | tuple):
+        return ("list", tuple(_frozen(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _projection(values: DeviceValues, reads: tuple[_Read, ...]) -> tuple[Any, ...]:
+    """What decides the verdict of an expression with these ``reads`` on this device."""
+    device = values.device
+    if values._domains is None:
+        values._domains = (
+            _domains_of(device.get("attributes"), values.driver),
+            _domains_of(device.get("capacity"), values.driver),
+        )
+    found: list[Any] = [
+        values.driver,
+        _frozen(device.get("allowMultipleAllocations")),
+        values._domains,
+    ]
+    for read in reads:
+        if len(read) == 3:
+            found.append(_entry(device.get(read[0]), values.driver, read[1], read[2]))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=4096)
+def _intern_domains(domains: tuple[str, ...]) -> tuple[str, ...]:
+    return domains
+
+
+def _domains_of(entries: Any, driver: str) -> tuple[str, ...]:
+    if not isinstance(entries, Mapping):
+        return ()
+    return _intern_domains(tuple(sorted({_split_qualified_name(n, driver)[0] for n in entries})))
+
+
+def _entry(entries: Any, driver: str, domain: str, name: str) -> Any:
+    """The raw entry device_view would read for (domain, name): the last one whose qualified
+    name splits into it (a bare name is the driver's domain)."""
+    if not isinstance(entries, Mapping):
+        return _ABSENT
+    qualified = f"{domain}/{name}"
+    if domain != driver or "/" in name:
+        # Only "<domain>/<name>" splits into it (a name with "/" never comes from a bare one).
+        if "/" in name:
+            last = _ABSENT
+            for key, entry in entries.items():
+                if _split_qualified_name(key, driver) == (domain, name):
+                    last = _frozen(entry)
+            return last
+        return _frozen(entries[qualified]) if qualified in entries else _ABSENT
+    if name in entries and qualified in entries:
+        last = _ABSENT
+        for key, entry in entries.items():
+            if key in (name, qualified):
+                last = _frozen(entry)
+        return last
+    if name in entries:
+        return _frozen(entries[name])
+    return _frozen(entries[qualified]) if qualified in entries else _ABSENT
+
+
+class _ProfileTable:
+    """Interns projections as small numbers, so a cached verdict's key hashes cheaply.
+    Emptied (and its generation bumped) when full; DeviceValues then recompute theirs."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._ids: dict[tuple[Any, ...], int] = {}
+        self._lock = threading.Lock()
+
+    def intern(self, projection: tuple[Any, ...]) -> int:
+        with self._lock:
+            if len(self._ids) >= _PROFILE_TABLE_SIZE:
+                self._ids.clear()
+                _verdicts.clear()
+                self.generation += 1
+            return self._ids.setdefault(projection, len(self._ids))
+
+
+_profile_table = _ProfileTable()
+_verdicts: dict[tuple[str, int], Evaluation] = {}
 
 
 # --- evaluation ----------------------------------------------------------------------------------
