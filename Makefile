@@ -22,6 +22,8 @@ help:
 	@echo "make cluster-up    start the local cluster in the background (node-01..03) and print exports"
 	@echo "make cluster-down  stop it"
 	@echo "make kubebins      build etcd, kube-*, kubectl and helm $(K8S_VERSION) into $(DRA_GPU_BIN_DIR)"
+	@echo "make nodebins      build containerd (+ Debian runc, CNI plugins, socat) for real nodes"
+	@echo "make images        build the dra-gpu, pause and workload images as OCI archives (no Docker)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +34,15 @@ $(VENV)/.installed: pyproject.toml
 
 kubebins:
 	@hack/build-kubebins.sh >/dev/null
+
+# Real nodes: containerd from its Go module into $(DRA_GPU_CACHE)/node, and the images as OCI
+# archives for `ctr -n k8s.io images import` in $(DRA_GPU_CACHE)/images/<key> (root: apt, chroot).
+.PHONY: nodebins images
+nodebins:
+	@hack/build-containerd.sh >/dev/null
+
+images:
+	@hack/build-images.sh >/dev/null
 
 lint: venv
 	$(BIN)/ruff check operator tests hack benchmarks
