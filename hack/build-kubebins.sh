@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds the local control plane from the upstream Go modules into a per-version cache
-# outside the repository: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl and helm. Prints the cache directory on the last line of stdout.
+# Builds the local cluster from the upstream Go modules into a per-version cache outside the
+# repository: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
+# and helm. Prints the cache directory on the last line of stdout.
 # Reuses the cache when its stamp matches. See shared/reference/real-control-plane.md.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.34.4}"
+K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 CACHE_ROOT="${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}"
@@ -14,8 +14,8 @@ STAMP="k8s=$K8S_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION"
 HACK="$(cd "$(dirname "$0")" && pwd)"
 
 log() { echo "[kubebins $(date +%H:%M:%S)] $*" >&2; }
-# The committed wrapper modules (hack/kubebins, hack/etcd, hack/helm) pin the default versions
-# with their go.sum; any other version gets a module generated in the cache.
+# The committed wrapper modules (hack/kubebins/<version>, hack/etcd, hack/helm) pin the supported
+# versions with their go.sum; any other version gets a module generated in the cache.
 committed_version() { grep -qE "^\s*(require )?$2 $3\b" "$1/go.mod" 2>/dev/null; }
 
 if [[ -f "$OUT/STAMP" && "$(cat "$OUT/STAMP")" == "$STAMP" ]]; then
@@ -27,16 +27,14 @@ fi
 export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 staging="v0.${K8S_VERSION#v1.}"
-# Go takes GODEBUG defaults from the main module; restate what k8s.io/apiserver declares.
-godebug="go1.$((minor - 10))"
 mkdir -p "$OUT.tmp"
 start=$(date +%s)
 
 # --- Kubernetes: a wrapper module whose replaces pin every staging module (§2).
 src="$CACHE_ROOT/src/kubebins-$K8S_VERSION"
-if committed_version "$HACK/kubebins" k8s.io/kubernetes "$K8S_VERSION"; then
-  log "using committed wrapper module hack/kubebins for $K8S_VERSION"
-  src="$HACK/kubebins"
+if committed_version "$HACK/kubebins/$K8S_VERSION" k8s.io/kubernetes "$K8S_VERSION"; then
+  log "using committed wrapper module hack/kubebins/$K8S_VERSION"
+  src="$HACK/kubebins/$K8S_VERSION"
 else
   log "generating wrapper module for $K8S_VERSION in $src"
   rm -rf "$src"; mkdir -p "$src"
@@ -51,8 +49,10 @@ else
     go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
-      "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" >&2
-    go mod edit -godebug="default=$godebug"
+      "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" >&2
+    # Go takes GODEBUG defaults from the main module: restate the version's own (a value derived
+    # from the minor number can be newer than the toolchain, which Go refuses).
+    go mod edit "-$(grep -m1 '^godebug ' "$gomod" | tr -s ' ' | sed 's/^godebug /godebug=/')"
     go mod tidy >&2
   )
 fi
@@ -63,10 +63,10 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date_now"
 done
-log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (15-30 min cold on 2 cores)"
+log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl (about 10 min cold on 2 cores)"
 (cd "$src" && go build -trimpath -buildvcs=false -tags selinux,notest -ldflags "$ld" -o "$OUT.tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl)
 
 # --- etcd: a separate module so the two dependency graphs stay independent (§3).
 log "building etcd $ETCD_VERSION"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, eventually
+from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, as_user, eventually
+from tests.e2e.helpers import EXAMPLES
 
 IMAGE_UID = 65532
 
@@ -71,6 +72,7 @@ async def test_agent_starts_as_the_image_user(foreign_home: Path) -> None:
         kubeconfig=foreign_home / "kubeconfig",
         kubelet_dir=kubelet_dir,
         state_dir=foreign_home / "state",
+        profile=EXAMPLES / "profile-tutorial.yaml",
         run_as=IMAGE_UID,
     )
     process.state_dir.mkdir()
@@ -89,16 +91,16 @@ async def test_agent_starts_as_the_image_user(foreign_home: Path) -> None:
 
 def test_explain_runs_as_the_image_user(foreign_home: Path, namespace: str) -> None:
     result = subprocess.run(
-        [
-            *(sys.executable, "-m", "dra_gpu", "explain", "pod/absent", "-n", namespace),
-            f"--kubeconfig={foreign_home / 'kubeconfig'}",
-        ],
+        as_user(
+            IMAGE_UID,
+            [
+                *(sys.executable, "-m", "dra_gpu", "explain", "pod/absent", "-n", namespace),
+                f"--kubeconfig={foreign_home / 'kubeconfig'}",
+            ],
+        ),
         capture_output=True,
         text=True,
         env={k: v for k, v in os.environ.items() if k not in ("HOME", "USER", "LOGNAME")},
-        user=IMAGE_UID,
-        group=IMAGE_UID,
-        extra_groups=[],
         timeout=60,
         check=False,
     )

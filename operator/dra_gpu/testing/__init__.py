@@ -6,7 +6,7 @@ registration, prepare and unprepare over the real gRPC protocol), the node agent
 process (``AgentProcess``), and the background cluster behind ``make cluster-up``.
 """
 
-from dra_gpu.testing._agent import AgentProcess, ControllerProcess
+from dra_gpu.testing._agent import AgentProcess, ControllerProcess, as_user
 from dra_gpu.testing._cluster import (
     ClusterEnv,
     agents_down,
@@ -34,6 +34,7 @@ __all__ = [
     "PreparedDevice",
     "agents_down",
     "agents_up",
+    "as_user",
     "cluster_down",
     "cluster_up",
     "controller_up",

@@ -116,19 +116,19 @@ class DraGpuProcess:
                 *self.extra_args,
             ]
             env = {**os.environ, **self.env}
+            if not self.detached:
+                command = dying_with_parent(command)
             if self.run_as is not None:
+                command = as_user(self.run_as, command)
                 for variable in ("HOME", "USER", "LOGNAME"):
                     env.pop(variable, None)
             self._popen = subprocess.Popen(
-                command if self.detached else dying_with_parent(command),
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=self.detached,
-                user=self.run_as,
-                group=self.run_as,
-                extra_groups=None if self.run_as is None else [],
             )
         self.pid_file.write_text(str(self._popen.pid))
 
@@ -272,6 +272,17 @@ class ControllerProcess(DraGpuProcess):
             f"--kubeconfig={self.kubeconfig}",
             "--bind-address=127.0.0.1",
         ]
+
+
+def as_user(uid: int, argv: list[str]) -> list[str]:
+    """``argv`` run as ``uid`` (gid the same, no supplementary groups), as a container's user.
+    It keeps one capability, reading any file: the test's interpreter may live in root's
+    closed home. The uid switch comes first: it would clear a parent-death signal set before."""
+    return [
+        *("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
+        *("--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"),
+        *argv,
+    ]
 
 
 def stop_detached(state_dir: Path, name: str = "agent", timeout: float = 20.0) -> bool:

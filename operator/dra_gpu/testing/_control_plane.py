@@ -27,9 +27,11 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-DEFAULT_K8S_VERSION = "v1.34.4"
-SERVICE_CIDR = "10.0.0.0/24"
-FIRST_SERVICE_IP = "10.0.0.1"
+DEFAULT_K8S_VERSION = "v1.37.2"
+# Addresses of the cluster's own namespaces only (RFC 2544's benchmarking range: neither private
+# nor public); they never leave this machine's loopback and the nodes' namespaces.
+SERVICE_CIDR = "198.18.0.0/24"
+FIRST_SERVICE_IP = "198.18.0.1"
 
 
 class ControlPlaneError(RuntimeError):
@@ -98,6 +100,7 @@ class ControlPlane:
         self.ports = Ports.pick()
         self.token = secrets.token_hex(16)
         self._processes: list[_Process] = []
+        self._node_gateway: subprocess.Popen[bytes] | None = None
 
     # ---- paths ---------------------------------------------------------------------------
 
@@ -120,6 +123,18 @@ class ControlPlane:
     @property
     def ca_file(self) -> Path:
         return self.pki_dir / "ca.crt"
+
+    @property
+    def hosts_file(self) -> Path:
+        """The API server's ``/etc/hosts`` (a bind mount in its own mount namespace): it dials
+        a kubelet (logs, exec) by the node's name, which real nodes add here."""
+        return self.workdir / "hosts"
+
+    @property
+    def node_gateway(self) -> Path:
+        """A unix socket that reaches the API server: nodes live in network namespaces of
+        their own, where this machine's loopback is not; their forwarders connect here."""
+        return self.workdir / "apiserver.sock"
 
     def binary(self, name: str) -> Path:
         path = self.bin_dir / name
@@ -162,6 +177,9 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Terminate every process this handle started, newest first; remove an own workdir."""
+        if self._node_gateway is not None:
+            _terminate(self._node_gateway)
+            self._node_gateway = None
         for proc in reversed(self._processes):
             _terminate(proc.popen)
         self._processes.clear()
@@ -179,16 +197,58 @@ class ControlPlane:
         self.stop_component("kube-apiserver")
         self._start_apiserver()
 
+    def add_host(self, name: str, address: str = "127.0.0.1") -> None:
+        """Make ``name`` resolve to ``address`` for the API server (written in place: the bind
+        mount follows the file, not a new one put in its place)."""
+        with self.hosts_file.open("a") as hosts:
+            hosts.write(f"{address} {name}\n")
+
+    def open_node_gateway(self) -> Path:
+        """Start (once) the forwarder from ``node_gateway`` to the API server."""
+        if self._node_gateway is None or self._node_gateway.poll() is not None:
+            self.node_gateway.unlink(missing_ok=True)
+            with (self.logs_dir / "node-gateway.log").open("ab") as out:
+                self._node_gateway = subprocess.Popen(
+                    dying_with_parent(
+                        [
+                            _tool("socat"),
+                            f"UNIX-LISTEN:{self.node_gateway},fork,mode=600",
+                            f"TCP:127.0.0.1:{self.ports.apiserver}",
+                        ]
+                    ),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            deadline = time.monotonic() + 10
+            while not self.node_gateway.exists():
+                if time.monotonic() > deadline or self._node_gateway.poll() is not None:
+                    raise ControlPlaneError(f"socat did not open {self.node_gateway}")
+                time.sleep(0.05)
+        return self.node_gateway
+
+    def issue_certificate(self, name: str, subject: str) -> tuple[Path, Path]:
+        """A client certificate signed by the cluster CA (``/CN=user/O=group``)."""
+        key, csr, crt = (self.pki_dir / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+        _openssl(self.pki_dir, "genrsa", "-out", key.name, "2048")
+        _openssl(self.pki_dir, "req", "-new", "-key", key.name, "-subj", subject, "-out", csr.name)
+        _openssl(
+            self.pki_dir,
+            *("x509", "-req", "-in", csr.name, "-CA", "ca.crt", "-CAkey", "ca.key"),
+            *("-CAcreateserial", "-days", "30", "-out", crt.name),
+        )
+        return crt, key
+
     def pids(self) -> dict[str, int]:
         return {p.name: p.popen.pid for p in self._processes if p.popen.poll() is None}
 
     # ---- components ----------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str]) -> _Process:
+    def _spawn(self, name: str, args: list[str], wrapper: tuple[str, ...] = ()) -> _Process:
         log = self.logs_dir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                dying_with_parent([str(self.binary(name)), *args]),
+                dying_with_parent([*wrapper, str(self.binary(name)), *args]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -221,6 +281,13 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         pki = self.pki_dir
+        if not self.hosts_file.exists():
+            self.hosts_file.write_text("127.0.0.1 localhost\n")
+        # Its own mount namespace, where /etc/hosts is ours (see hosts_file).
+        in_own_hosts = (
+            *(_tool("unshare"), "--mount", "--propagation", "private", "--"),
+            *(_tool("sh"), "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts_file)),
+        )
         proc = self._spawn(
             "kube-apiserver",
             [
@@ -236,6 +303,9 @@ class ControlPlane:
                 f"--client-ca-file={self.ca_file}",
                 f"--token-auth-file={pki / 'tokens.csv'}",
                 "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -244,6 +314,7 @@ class ControlPlane:
                 "--enable-priority-and-fairness=false",
                 "--v=1",
             ],
+            wrapper=in_own_hosts,
         )
         self._wait_http(proc, f"{self.server}/readyz", lambda body: body.strip() == b"ok")
 
@@ -367,7 +438,7 @@ class ControlPlane:
         pki.mkdir(parents=True, exist_ok=True)
 
         def openssl(*args: str) -> None:
-            subprocess.run(["openssl", *args], cwd=pki, check=True, capture_output=True)
+            _openssl(pki, *args)
 
         openssl("genrsa", "-out", "ca.key", "2048")
         openssl(
@@ -420,6 +491,9 @@ class ControlPlane:
         )
         openssl("genrsa", "-out", "sa.key", "2048")
         openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        self.issue_certificate(
+            "apiserver-kubelet-client", "/CN=kube-apiserver-kubelet-client/O=system:masters"
+        )
         (pki / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
 
     def _write_kubeconfig(self) -> None:
@@ -458,6 +532,17 @@ def _terminate(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         popen.kill()
         popen.wait()
+
+
+def _openssl(cwd: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if path is None:
+        raise ControlPlaneError(f"{name} is missing: install it (Debian package: {name})")
+    return path
 
 
 def _tail(path: Path, lines: int = 20) -> str:
