@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings_type: type[Any]) -> 
     for name, field in hints.items():
         default = field.default if field.default is not dataclasses.MISSING else None
         parser.add_argument(
-            "--" + name.replace("_", "-"),
+            flag_name(name),
             dest=name,
             default=None,
             help=f"{docs.get(name, '')} [env {env_name(name)}; default {default}]",
@@ -137,18 +137,35 @@ def settings_from(
     settings_type: type[Any], args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> Any:
     """Flags win over the environment, which wins over the defaults. Raises ValueError naming
-    the flag and the env variable for a value of the wrong type."""
+    the flag and the env variable for a missing required value or one of the wrong type."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for field in dataclasses.fields(settings_type):
         raw = getattr(args, field.name, None)
-        source = f"--{field.name.replace('_', '-')}"
+        source = flag_name(field.name)
         if raw is None and env_name(field.name) in environ:
             raw, source = environ[env_name(field.name)], env_name(field.name)
         if raw is None:
+            if _required(field):
+                raise ValueError(_missing(settings_type, field.name))
             continue
         values[field.name] = _convert(field, raw, source)
     return settings_type(**values)
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _required(field: dataclasses.Field[Any]) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def _missing(settings_type: type[Any], field: str) -> str:
+    """``--node-name is required (or set DRA_GPU_NODE_NAME): the Node this agent serves ...``"""
+    doc = _field_docs(settings_type).get(field, "").replace("``", "").rstrip(".")
+    what = f": {doc[:1].lower()}{doc[1:]}" if doc else ""
+    return f"{flag_name(field)} is required (or set {env_name(field)}){what}"
 
 
 def _convert(field: dataclasses.Field[Any], raw: str, source: str) -> Any:

@@ -5,12 +5,17 @@ runs the control plane and the kubelet stand-in until it gets SIGTERM, and retur
 supervisor wrote ``env.sh``. A second ``cluster_up`` finds the live supervisor and reuses it.
 ``cluster_down`` signals the supervisor, which stops the stand-in and then every control plane
 process it started; the control plane processes also die with the supervisor if it is killed.
+
+``main`` is that CLI. Like ``dra-gpu``'s, it ends a failure at the edges with one line that
+says what to do and an exit code of ``dra_gpu.exits`` (missing binaries 3, a cluster that does
+not answer 4); the traceback only with ``--log-level DEBUG``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import shutil
 import signal
@@ -21,12 +26,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dra_gpu import kube
+from dra_gpu.exits import ExitCode, OneLineParser
 from dra_gpu.testing._agent import AgentProcess, ControllerProcess, stop_detached
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
 from dra_gpu.testing._dra import DraSettings
 from dra_gpu.testing._kubelet import KubeletStandIn
 
 DEFAULT_NODES = ("node-01", "node-02", "node-03")
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+"""What ``ControlPlane.start`` needs; checked before a supervisor is started for nothing."""
+PROG = "python -m dra_gpu.testing"
+log = logging.getLogger("dra_gpu.testing")
+
+
+class MissingBinaries(ControlPlaneError):
+    """A control plane binary is not in the bin directory: build it, or point elsewhere."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +88,16 @@ def cluster_up(
     env_file, pid_file = state_dir / "env.sh", state_dir / "supervisor.pid"
     if _alive(pid_file) and env_file.exists():
         return ClusterEnv.parse(env_file.read_text())
+    for name in CONTROL_PLANE_BINARIES:
+        if not os.access(bin_dir / name, os.X_OK):
+            raise MissingBinaries(
+                f"{bin_dir / name} is missing: build the control plane with `make kubebins`, "
+                "or point --bin-dir (or DRA_GPU_BIN_DIR) at a directory that has it"
+            )
     shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True)
     log_file = state_dir / "supervisor.log"
-    with log_file.open("wb") as log:
+    with log_file.open("wb") as supervisor_log:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -91,7 +111,7 @@ def cluster_up(
                 "--nodes",
                 ",".join(nodes),
             ],
-            stdout=log,
+            stdout=supervisor_log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -100,8 +120,12 @@ def cluster_up(
     deadline = time.monotonic() + timeout
     while not env_file.exists():
         if proc.poll() is not None:
+            # The supervisor's last line is its one-line reason (``main``).
+            lines = log_file.read_text(errors="replace").split("\n")
+            last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
             raise ControlPlaneError(
-                f"local cluster failed to start; see {log_file}:\n{log_file.read_text()[-3000:]}"
+                f"local cluster failed to start: {last.removeprefix(PROG + ' serve: ')}; "
+                f"full log: {log_file}"
             )
         if time.monotonic() > deadline:
             cluster_down(state_dir)
@@ -203,27 +227,56 @@ async def _serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
     from dra_gpu.testing._control_plane import default_bin_dir
 
-    parser = argparse.ArgumentParser(prog="python -m dra_gpu.testing")
+    parser = OneLineParser(
+        prog=PROG, description="A local cluster in the background (make cluster-up/-down)."
+    )
     parser.add_argument("command", choices=["up", "down", "serve"])
     parser.add_argument("--state-dir", type=Path, default=Path(".run/cluster"))
-    parser.add_argument("--bin-dir", type=Path, default=None)
+    parser.add_argument(
+        "--bin-dir", type=Path, default=None, help="control plane binaries [env DRA_GPU_BIN_DIR]"
+    )
     parser.add_argument("--nodes", default=",".join(DEFAULT_NODES))
+    parser.add_log_level()
     args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     bin_dir = (args.bin_dir or default_bin_dir()).resolve()
     nodes = [n for n in args.nodes.split(",") if n]
-    if args.command == "serve":
-        serve(args.state_dir, bin_dir, nodes)
-    elif args.command == "up":
-        try:
+    try:
+        if args.command == "serve":
+            serve(args.state_dir, bin_dir, nodes)
+        elif args.command == "up":
             env = cluster_up(args.state_dir, bin_dir, nodes)
-        except ControlPlaneError as exc:
-            print(f"cluster-up: {exc}", file=sys.stderr)
-            return 1
-        print(env.exports(), end="")
-    else:
-        print("stopped" if cluster_down(args.state_dir) else "no local cluster was running")
-    return 0
+            asyncio.run(_answers(env, args.state_dir))
+            print(env.exports(), end="")
+        else:
+            print("stopped" if cluster_down(args.state_dir) else "no local cluster was running")
+    except (ControlPlaneError, kube.ConfigError, kube.Unreachable, kube.Refused) as exc:
+        log.debug("the failure in full:", exc_info=exc)
+        print(f"{PROG} {args.command}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        if isinstance(exc, MissingBinaries | kube.ConfigError):
+            return ExitCode.CONFIG
+        if isinstance(exc, kube.Unreachable):
+            return ExitCode.UNREACHABLE
+        return ExitCode.REFUSED if isinstance(exc, kube.Refused) else ExitCode.FAILED
+    return ExitCode.OK
+
+
+async def _answers(env: ClusterEnv, state_dir: Path) -> None:
+    """A reused cluster whose API server is gone (killed control plane, reboot) is refused in
+    words, rather than handed out; a fresh one answers at once."""
+    async with await kube.Kube.connect(env.kubeconfig, source=f"{state_dir}/env.sh") as api:
+        try:
+            await api.probe()
+        except kube.Unreachable as exc:
+            raise kube.Unreachable(
+                exc.server,
+                f"the local cluster of {state_dir}",
+                f"{exc.reason}; stop it with `{PROG} down --state-dir {state_dir}` "
+                "(make cluster-down) and start it again",
+            ) from exc
