@@ -14,6 +14,12 @@ device and the pod's other resources are not modelled), so its answer is "the fi
 piece we can see". The output is deterministic (devices in natural order, bounded lists), so
 the controller can post "the same reason once".
 
+The cluster side of the reasoning is a ``World``, built once and read by every claim's check:
+``explain_claim`` builds one from lists for one claim; the controller keeps a ``Layout`` (devices
+in order, per selector list their outcomes) until a pool changes and builds a ``World`` per pass
+over its view's indexes, and calls ``explain`` for the claims whose inputs changed. Requests
+alike (same request, same pod constraints, same classes) share one check within a World.
+
 ``Reason`` lists the vocabulary in order of importance: when several requests miss pieces,
 the claim's message names the most important first (class > selectors > devices published >
 fit > allocation > node > driver).
@@ -23,13 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import cel
-from dra_gpu.controller import inventory
+from dra_gpu.controller import inventory, selections
 from dra_gpu.controller.inventory import DeviceKey
+from dra_gpu.controller.selections import Outcome, Selections
 
 Body = Mapping[str, Any]
 
@@ -174,20 +183,56 @@ def explain_claim(
     FailedPrepareDynamicResources text (e.g. "DRA driver gpu.example.com is not registered"),
     which only the caller can see, in Events.
     """
+    if (claim.get("status") or {}).get("allocation") or (claim.get("metadata") or {}).get(
+        "deletionTimestamp"
+    ):
+        world = World(Layout(()), inventory.HolderIndex(), nodes, slices)  # not read
+    else:
+        world = build_world(slices, claims, nodes)
+    return explain(claim, world, classes=classes, pod=pod, prepare_error=prepare_error)
+
+
+def explain(
+    claim: Body,
+    world: World,
+    *,
+    classes: Mapping[str, Body],
+    pod: Body | None = None,
+    prepare_error: str | None = None,
+    detail: bool = True,
+) -> Explanation:
+    """``explain_claim`` against a World built beforehand, shared by many claims.
+
+    ``detail=False`` leaves out each request's ``devices`` (every published device, with its
+    verdict): the reason, message and pieces are the same, at a fraction of the cost.
+    """
     meta = claim.get("metadata") or {}
     name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     if (claim.get("status") or {}).get("allocation"):
-        return _explain_allocated(name, claim, pod, classes, slices, prepare_error)
+        return _explain_allocated(name, claim, pod, classes, world.slice_list(), prepare_error)
     if meta.get("deletionTimestamp"):
         return Explanation(
             name, Reason.CLAIM_DELETING, f"resourceclaim {name} is being deleted", _unchecked()
         )
-    world = _build_world(claim, pod, slices, claims, nodes)
+    scope = world.scope(claim, pod, detail=detail)
     devices_spec = (claim.get("spec") or {}).get("devices") or {}
     requests = tuple(
-        _explain_request(r, world, classes) for r in devices_spec.get("requests") or []
+        _explain_request(r, scope, classes) for r in devices_spec.get("requests") or []
     )
     return _summarize(name, requests, bool(devices_spec.get("constraints")), prepare_error)
+
+
+def build_world(
+    slices: Iterable[Body],
+    claims: Iterable[Body],
+    nodes: Mapping[str, Body],
+    *,
+    selections: Selections | None = None,
+) -> World:
+    """The World of ``explain_claim``: all ResourceSlices, all claims, Nodes by name."""
+    slices = list(slices)
+    layout = Layout(inventory.read_pools(slices), selections)
+    return World(layout, inventory.HolderIndex.of(claims), nodes, slices)
 
 
 def format_pieces(explanation: Explanation) -> str:
@@ -248,11 +293,11 @@ def _explain_allocated(
         for r in sorted(results, key=lambda r: (_natural(str(r.get("pool"))), _result_key(r)))
     ]
     allocated = f"allocated {', '.join(labels)}" if labels else "allocated"
-    class_names = _class_names(claim)
+    named = class_names(claim)
     class_reason = (
-        f"device class {', '.join(class_names)} exists"
-        if all(c in classes for c in class_names)
-        else f"allocated with device class {', '.join(class_names)}"
+        f"device class {', '.join(named)} exists"
+        if all(c in classes for c in named)
+        else f"allocated with device class {', '.join(named)}"
     )
     if ((pod or {}).get("spec") or {}).get("nodeName"):
         node_reason = f"the pod is bound to {node}"
@@ -291,7 +336,8 @@ def _allocation_node(allocation: Body) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def _class_names(claim: Body) -> list[str]:
+def class_names(claim: Body) -> list[str]:
+    """The DeviceClasses a claim's requests name, sorted."""
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
     names = {str((r.get("exactly") or {}).get("deviceClassName", "")) for r in requests}
     names |= {
@@ -335,7 +381,11 @@ class _IncompletePool:
     generation: int
     present: int
     expected: int
-    devices: tuple[_Device, ...]
+    source: inventory.Pool
+
+    @property
+    def devices(self) -> tuple[_Device, ...]:
+        return self.source.devices
 
     @property
     def note(self) -> str:
@@ -345,57 +395,185 @@ class _IncompletePool:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class _World:
-    devices: tuple[_Device, ...]
-    """Devices of complete pools at their highest generation, in natural order."""
-    incomplete: tuple[_IncompletePool, ...]
-    holders: Mapping[DeviceKey, tuple[str, ...]]
-    """Device -> ``ns/name`` of the other claims that hold it (admin access does not count)."""
-    exclusions: Mapping[str, str | None]
-    """Node -> why the pod cannot run there (None: it can), for every node we know of."""
-    bound_node: str | None
+class Layout:
+    """The slices as every check reads them: the devices of complete pools at their newest
+    generation, in natural order, and the incomplete pools.
 
+    Built from the pools (once per change of any pool: the controller keeps one until then).
+    Per list of selectors, the outcome on every device, in that order, is computed on first
+    use from ``Selections`` (per pool, kept across Layouts) and kept here.
+    """
 
-def _build_world(
-    claim: Body,
-    pod: Body | None,
-    slices: Sequence[Body],
-    claims: Sequence[Body],
-    nodes: Mapping[str, Body],
-) -> _World:
-    devices, incomplete = _published(slices)
-    node_names = set(nodes) | {d.node for d in devices if d.node}
-    return _World(
-        devices=devices,
-        incomplete=incomplete,
-        holders=inventory.holders(claims, claim),
-        exclusions={n: _node_exclusion(n, nodes.get(n), pod) for n in sorted(node_names)},
-        bound_node=((pod or {}).get("spec") or {}).get("nodeName") or None,
-    )
-
-
-def _published(slices: Sequence[Body]) -> tuple[tuple[_Device, ...], tuple[_IncompletePool, ...]]:
-    """Devices of complete pools at their newest generation, in natural order, and the rest."""
-    devices: list[_Device] = []
-    incomplete: list[_IncompletePool] = []
-    for pool in inventory.read_pools(slices):
-        if pool.complete:
-            devices.extend(pool.devices)
-        else:
-            incomplete.append(
-                _IncompletePool(
-                    pool.driver,
-                    pool.pool,
-                    pool.generation,
-                    pool.present,
-                    pool.expected,
-                    pool.devices,
+    def __init__(
+        self, pools: Iterable[inventory.Pool], selections: Selections | None = None
+    ) -> None:
+        self.selections = selections if selections is not None else Selections()
+        placed: list[tuple[_Device, inventory.Pool, int]] = []
+        incomplete: list[_IncompletePool] = []
+        for pool in sorted(pools, key=lambda p: p.key):
+            if pool.complete:
+                placed.extend((d, pool, i) for i, d in enumerate(pool.devices))
+            else:
+                incomplete.append(
+                    _IncompletePool(
+                        pool.driver, pool.pool, pool.generation, pool.present, pool.expected, pool
+                    )
                 )
+        placed.sort(key=lambda entry: entry[0].order)  # stable: pool order, then slice order
+        self.devices: tuple[_Device, ...] = tuple(d for d, _, _ in placed)
+        """Devices of complete pools at their newest generation, in natural order."""
+        where: dict[tuple[str, str], tuple[inventory.Pool, list[int]]] = {}
+        for index, (_, pool, position) in enumerate(placed):
+            where.setdefault(pool.key, (pool, [0] * len(pool.devices)))[1][position] = index
+        self._where = list(where.values())
+        self.incomplete: tuple[_IncompletePool, ...] = tuple(
+            sorted(incomplete, key=lambda p: (_natural(p.pool), p.driver))
+        )
+        self.device_nodes = frozenset(d.node for d in self.devices if d.node)
+        self._outcomes: dict[selections.ListKey, list[Outcome]] = {}
+        self._candidates: dict[selections.ListKey, tuple[int, ...]] = {}
+
+    def outcomes(self, selectors: Sequence[cel.Compiled]) -> list[Outcome]:
+        """Each device's outcome (see ``selections``), aligned with ``devices``."""
+        key = selections.list_key(selectors)
+        found = self._outcomes.get(key)
+        if found is None:
+            found = [None] * len(self.devices)
+            for pool, indexes in self._where:
+                for index, outcome in zip(
+                    indexes, self.selections.outcomes(selectors, pool), strict=True
+                ):
+                    if outcome is not None:
+                        found[index] = outcome
+            self._outcomes[key] = found
+        return found
+
+    def candidates(self, selectors: Sequence[cel.Compiled]) -> tuple[int, ...]:
+        """Indexes of the devices a class's selectors do not rule out with a plain "no"."""
+        key = selections.list_key(selectors)
+        found = self._candidates.get(key)
+        if found is None:
+            outcomes = self.outcomes(selectors)
+            found = tuple(i for i, o in enumerate(outcomes) if selections.candidate(o))
+            self._candidates[key] = found
+        return found
+
+
+class World:
+    """The cluster as each claim's check reads it: built once (per pass), read by every check.
+
+    ``holders`` and ``nodes`` are read as they are when a check runs (the controller passes its
+    view's live indexes and builds a new World for each pass).
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        holders: inventory.HolderIndex,
+        nodes: Mapping[str, Body],
+        slices: Sequence[Body] | Callable[[], Sequence[Body]],
+    ) -> None:
+        self.layout = layout
+        self.holders = holders
+        self.nodes = nodes
+        self._slices = slices
+        self._exclusions: dict[str, _Exclusions] = {}
+        self._requests: dict[tuple[Any, ...], RequestExplanation] = {}
+
+    @property
+    def devices(self) -> tuple[_Device, ...]:
+        return self.layout.devices
+
+    @property
+    def incomplete(self) -> tuple[_IncompletePool, ...]:
+        return self.layout.incomplete
+
+    def slice_list(self) -> Sequence[Body]:
+        """All ResourceSlices (allocated claims name their devices' nodes from them)."""
+        return self._slices() if callable(self._slices) else self._slices
+
+    def has_node(self, name: str) -> bool:
+        return name in self.nodes or name in self.layout.device_nodes
+
+    def node_names(self) -> list[str]:
+        return sorted(set(self.nodes) | self.layout.device_nodes)
+
+    def scope(self, claim: Body, pod: Body | None, *, detail: bool) -> _Scope:
+        """What one claim's check reads: holders other than the claim, the pod's exclusions."""
+        meta = claim.get("metadata") or {}
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        uid = str(meta.get("uid") or "")
+        signature = _pod_signature(pod)
+        exclusions = self._exclusions.get(signature)
+        if exclusions is None:
+            exclusions = self._exclusions[signature] = _Exclusions(self, pod)
+        bound = ((pod or {}).get("spec") or {}).get("nodeName") or None
+        if self.holders.involves(name, uid):  # it holds devices itself: its own view
+            return _Scope(
+                self,
+                exclusions,
+                bound,
+                functools.partial(self.holders.owners_excluding, name=name, uid=uid),
+                None,
+                detail,
             )
-    devices.sort(key=_device_order)
-    incomplete.sort(key=lambda p: (_natural(p.pool), p.driver))
-    return tuple(devices), tuple(incomplete)
+        return _Scope(self, exclusions, bound, self.holders.owners, (signature, detail), detail)
+
+
+def _pod_signature(pod: Body | None) -> str:
+    """What of the pod its checks read (``_node_exclusion``, the bound node)."""
+    if pod is None:
+        return "-"
+    spec = pod.get("spec") or {}
+    read = [spec.get(f) for f in ("nodeName", "tolerations", "nodeSelector", "affinity")]
+    return json.dumps(read, sort_keys=True, default=str)
+
+
+class _Exclusions(Mapping[str, str | None]):
+    """Node -> why the pod cannot run there (None: it can), for every node we know of;
+    worked out for a node when first asked."""
+
+    def __init__(self, world: World, pod: Body | None) -> None:
+        self._world = world
+        self._pod = pod
+        self._known: dict[str, str | None] = {}
+
+    def __getitem__(self, name: str) -> str | None:
+        try:
+            return self._known[name]
+        except KeyError:
+            pass
+        if not self._world.has_node(name):
+            raise KeyError(name)
+        found = _node_exclusion(name, self._world.nodes.get(name), self._pod)
+        self._known[name] = found
+        return found
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._world.node_names())
+
+    def __len__(self) -> int:
+        return len(self._world.node_names())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scope:
+    """One claim's view of the World."""
+
+    world: World
+    exclusions: Mapping[str, str | None]
+    bound_node: str | None
+    holders: Callable[[DeviceKey], tuple[str, ...]]
+    """Device -> ``ns/name`` of the other claims that hold it (admin access does not count)."""
+    shared: tuple[str, bool] | None
+    """How checks of this scope may be shared with other claims'; None: they may not."""
+    detail: bool
 
 
 # --- nodes -------------------------------------------------------------------------------
@@ -511,16 +689,31 @@ def _requirement_holds(requirement: Body, value: str | None) -> bool:
 
 
 def _explain_request(
-    request: Body, world: _World, classes: Mapping[str, Body]
+    request: Body, scope: _Scope, classes: Mapping[str, Body]
 ) -> RequestExplanation:
+    memo = None
+    if scope.shared is not None:
+        names = class_names({"spec": {"devices": {"requests": [request]}}})
+        memo = (
+            json.dumps(request, sort_keys=True, default=str),
+            tuple(id(classes.get(n)) for n in names),
+            *scope.shared,
+        )
+        found = scope.world._requests.get(memo)
+        if found is not None:
+            return found
     name = str(request.get("name", ""))
     if request.get("firstAvailable") and request.get("exactly") is None:
         alternatives = tuple(
-            _explain_exact(f"{name}/{sub.get('name', '')}", sub, world, classes)
+            _explain_exact(f"{name}/{sub.get('name', '')}", sub, scope, classes)
             for sub in request["firstAvailable"]
         )
-        return _first_available(name, alternatives)
-    return _explain_exact(name, request.get("exactly") or {}, world, classes)
+        result = _first_available(name, alternatives)
+    else:
+        result = _explain_exact(name, request.get("exactly") or {}, scope, classes)
+    if memo is not None:
+        scope.world._requests[memo] = result
+    return result
 
 
 def _first_available(name: str, alternatives: tuple[RequestExplanation, ...]) -> RequestExplanation:
@@ -557,7 +750,7 @@ class _Selector:
 
 
 def _explain_exact(
-    name: str, spec: Body, world: _World, classes: Mapping[str, Body]
+    name: str, spec: Body, scope: _Scope, classes: Mapping[str, Body]
 ) -> RequestExplanation:
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
@@ -575,7 +768,7 @@ def _explain_exact(
             message = f"request {name}: {problem}"
             pieces = _with_piece((class_ok, *_unchecked()[1:]), Piece(piece, False, message))
             return RequestExplanation(name, class_name, Reason.SELECTOR_INVALID, message, pieces)
-    check = _RequestCheck(name, class_name, spec, world, class_selectors + request_selectors)
+    check = _RequestCheck(name, class_name, spec, scope, class_selectors, request_selectors)
     return check.explain()
 
 
@@ -599,13 +792,37 @@ def _compile_problem(selectors: Sequence[_Selector]) -> str | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
 class _Checked:
-    device: _Device
-    verdict: Verdict
-    text: str
-    passed: bool
-    """Whether every selector accepted the device (whatever its allocation or node)."""
+    """One device as one request sees it; its text is written only when read."""
+
+    __slots__ = ("_text", "_why", "device", "passed", "verdict")
+
+    def __init__(
+        self,
+        device: _Device,
+        verdict: Verdict,
+        passed: bool,
+        text: str | None = None,
+        why: tuple[_Selector, cel.Evaluation] | None = None,
+    ) -> None:
+        self.device = device
+        self.verdict = verdict
+        self.passed = passed
+        """Whether every selector accepted the device (whatever its allocation or node)."""
+        self._text = text
+        self._why = why
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            assert self._why is not None
+            selector, evaluation = self._why
+            if evaluation.error is not None:
+                where = f"{selector.owner}selector #{selector.index}"
+                self._text = f"{self.device.label}: {where}: {_one_line(evaluation.error)}"
+            else:
+                self._text = _mismatch_text(selector, self.device)
+        return self._text
 
     def public(self) -> DeviceVerdict:
         d = self.device
@@ -613,65 +830,102 @@ class _Checked:
 
 
 class _RequestCheck:
-    """One exactly-request (or subrequest) against every published device."""
+    """One exactly-request (or subrequest) against every published device.
+
+    Only the devices the class does not rule out with a plain "no" (``Layout.candidates``) are
+    checked one by one; the others are all ``OTHER_CLASS``, and listed only when the class has
+    no candidate at all, or in ``detail``.
+    """
 
     def __init__(
         self,
         name: str,
         class_name: str,
         spec: Body,
-        world: _World,
-        selectors: tuple[_Selector, ...],
+        scope: _Scope,
+        class_selectors: tuple[_Selector, ...],
+        request_selectors: tuple[_Selector, ...],
     ) -> None:
         self.name = name
         self.class_name = class_name
-        self.world = world
-        self.selectors = selectors
+        self.scope = scope
+        self.class_selectors = class_selectors
+        self.request_selectors = request_selectors
         self.all_mode = spec.get("allocationMode") == "All"
         count = spec.get("count")
         self.count = count if isinstance(count, int) and count > 0 and not self.all_mode else 1
-        self.checked = [self._check(d) for d in world.devices]
+        layout = scope.world.layout
+        self._class_compiled = tuple(s.compiled for s in class_selectors)
+        self._class_outcomes = layout.outcomes(self._class_compiled)
+        request_outcomes = (
+            layout.outcomes([s.compiled for s in request_selectors]) if request_selectors else None
+        )
+        devices = layout.devices
+        self.candidates = [
+            self._check(
+                devices[i],
+                self._class_outcomes[i],
+                request_outcomes[i] if request_outcomes is not None else None,
+            )
+            for i in layout.candidates(self._class_compiled)
+        ]
         self.groups: dict[Verdict, list[_Checked]] = {v: [] for v in Verdict}
-        for checked in self.checked:
+        for checked in self.candidates:
             self.groups[checked.verdict].append(checked)
-        self.passing = [c for c in self.checked if c.passed]
-        self.notes = tuple(p.note for p in world.incomplete if self._may_hold_class(p))
+        self.passing = [c for c in self.candidates if c.passed]
+        self.notes = tuple(p.note for p in scope.world.incomplete if self._may_hold_class(p))
 
     # Per device.
 
-    def _check(self, device: _Device) -> _Checked:
-        excluded = self.world.exclusions.get(device.node) if device.node else None
-        for selector in self.selectors:
-            problem = _evaluate(selector, device)
-            if problem is None:
-                continue
-            verdict, text = problem
-            if verdict == Verdict.ERROR and excluded is not None:
+    def _check(self, device: _Device, by_class: Outcome, by_request: Outcome) -> _Checked:
+        excluded = self.scope.exclusions.get(device.node) if device.node else None
+        failed = (self.class_selectors, by_class) if by_class else (None, by_request)
+        if failed[1] is not None:
+            index, evaluation = failed[1]
+            selector = (failed[0] or self.request_selectors)[index]
+            if evaluation.error is not None and excluded is not None:
                 # The scheduler filters the node out first and never evaluates its devices.
-                return _Checked(device, Verdict.EXCLUDED, f"{device.label}: {excluded}", False)
-            if verdict == Verdict.MISMATCH and selector.owner:
-                verdict = Verdict.OTHER_CLASS
-            return _Checked(device, verdict, text, False)
-        holders = self.world.holders.get(device.key)
+                return _Checked(device, Verdict.EXCLUDED, False, f"{device.label}: {excluded}")
+            # A class's plain "no" is never a candidate: what fails here is the request's.
+            verdict = Verdict.ERROR if evaluation.error is not None else Verdict.MISMATCH
+            return _Checked(device, verdict, False, why=(selector, evaluation))
+        holders = self.scope.holders(device.key)
         if holders:
             text = f"{device.label} is allocated to {', '.join(holders)}"
-            return _Checked(device, Verdict.ALLOCATED, text, True)
+            return _Checked(device, Verdict.ALLOCATED, True, text)
         if excluded is not None:
-            return _Checked(device, Verdict.EXCLUDED, f"{device.label}: {excluded}", True)
-        return _Checked(device, Verdict.FITS, f"{device.label} fits", True)
+            return _Checked(device, Verdict.EXCLUDED, True, f"{device.label}: {excluded}")
+        return _Checked(device, Verdict.FITS, True, f"{device.label} fits")
+
+    def _other(self, index: int) -> _Checked:
+        """A device the class rules out."""
+        outcome = self._class_outcomes[index]
+        assert outcome is not None
+        selector = self.class_selectors[outcome[0]]
+        device = self.scope.world.devices[index]
+        return _Checked(device, Verdict.OTHER_CLASS, False, why=(selector, outcome[1]))
+
+    @functools.cached_property
+    def checked(self) -> list[_Checked]:
+        """Every device in natural order (for ``detail``)."""
+        mine = iter(self.candidates)
+        return [
+            next(mine) if selections.candidate(outcome) else self._other(index)
+            for index, outcome in enumerate(self._class_outcomes)
+        ]
 
     def _may_hold_class(self, pool: _IncompletePool) -> bool:
         # An incomplete pool of another driver is no business of this request; an empty one
         # may be half written, so it is mentioned.
-        class_selectors = [s for s in self.selectors if s.owner]
-        return not pool.devices or any(
-            all(_evaluate(s, d) is None for s in class_selectors) for d in pool.devices
-        )
+        if not pool.devices:
+            return True
+        outcomes = self.scope.world.layout.selections.outcomes(self._class_compiled, pool.source)
+        return any(selections.admits(o) for o in outcomes)
 
     # The request as a whole.
 
     def explain(self) -> RequestExplanation:
-        if not any(c.verdict != Verdict.OTHER_CLASS for c in self.checked):
+        if not self.candidates:
             return self._nothing_published()
         if self.groups[Verdict.ERROR]:
             listing = _listing([(self.groups[Verdict.ERROR], "more fail")])
@@ -700,9 +954,10 @@ class _RequestCheck:
         for checked in self.passing:
             node = checked.device.node
             (local.setdefault(node, []) if node else anywhere).append(checked)
-        candidates = set(local) | (set(self.world.exclusions) if anywhere else set())
+        exclusions = self.scope.exclusions
+        candidates = set(local) | (set(exclusions) if anywhere else set())
         if respect_exclusion:
-            candidates = {n for n in candidates if self.world.exclusions.get(n) is None}
+            candidates = {n for n in candidates if exclusions.get(n) is None}
         fitting = []
         for node in sorted(candidates, key=_natural):
             devices = local.get(node, []) + anywhere
@@ -733,14 +988,15 @@ class _RequestCheck:
         return "; ".join(filter(None, [_listing(groups), *self.notes]))
 
     def _nothing_published(self) -> RequestExplanation:
-        if not self.world.devices and not self.notes:
+        devices = self.scope.world.devices
+        if not devices and not self.notes:
             return self._failure(Reason.NO_DEVICES_PUBLISHED, "no devices published")
         headline = (
-            f"no device of class {self.class_name} published"
-            if self.world.devices
-            else "no devices published"
+            f"no device of class {self.class_name} published" if devices else "no devices published"
         )
-        listing = _listing([(self.groups[Verdict.OTHER_CLASS], "more are of other classes")])
+        # No candidate: every device is of another class.
+        others = _Head([self._other(i) for i in range(min(LIST_LIMIT, len(devices)))], len(devices))
+        listing = _listing([(others, "more are of other classes")])
         details = "; ".join(filter(None, [*self.notes, listing]))
         reason = Reason.POOL_INCOMPLETE if self.notes else Reason.NO_DEVICES_PUBLISHED
         return self._failure(reason, f"{headline}: {details}")
@@ -756,7 +1012,7 @@ class _RequestCheck:
         return self._result(reason, message, devices_piece, node_piece, driver_ok=None)
 
     def _fits(self, nodes: list[str]) -> RequestExplanation:
-        bound = self.world.bound_node
+        bound = self.scope.bound_node
         node_reason = (
             f"the pod is bound to {bound}" if bound else f"{_names(nodes)} can run the pod"
         )
@@ -782,9 +1038,10 @@ class _RequestCheck:
         """Whether a node the pod may use holds a device that passes the selectors."""
         anywhere = any(c.device.node is None for c in self.passing)
         nodes = {c.device.node for c in self.passing if c.device.node}
+        exclusions = self.scope.exclusions
         if anywhere:
-            nodes |= set(self.world.exclusions)
-        eligible = sorted((n for n in nodes if self.world.exclusions.get(n) is None), key=_natural)
+            nodes |= set(exclusions)
+        eligible = sorted((n for n in nodes if exclusions.get(n) is None), key=_natural)
         if eligible:
             return Piece("node", True, f"{_names(eligible)} can run the pod")
         return Piece("node", False, self._exclusions_text())
@@ -818,7 +1075,7 @@ class _RequestCheck:
                 node_piece,
                 driver_piece,
             ),
-            devices=tuple(c.public() for c in self.checked),
+            devices=tuple(c.public() for c in self.checked) if self.scope.detail else (),
             notes=self.notes,
             nodes=nodes,
         )
@@ -944,6 +1201,28 @@ def _lookup(device: _Device, field: str, domain: str, name: str) -> tuple[str, o
 # --- small helpers -----------------------------------------------------------------------
 
 
+class _Head(Sequence[_Checked]):
+    """The first few of a group whose other members were never built, and its size."""
+
+    def __init__(self, first: list[_Checked], size: int) -> None:
+        self._first = first
+        self._size = size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index: Any) -> Any:
+        if (
+            isinstance(index, slice)
+            and (index.start or 0) == 0
+            and index.step is None
+            and index.stop is not None
+            and min(index.stop, self._size) <= len(self._first)
+        ):
+            return self._first[: index.stop]
+        raise IndexError("only the first items of a _Head are known")
+
+
 def _listing(groups: Sequence[tuple[Sequence[_Checked], str]]) -> str:
     """Each group's first ``LIST_LIMIT`` texts, then "and N <phrase>"; groups in order."""
     parts: list[str] = []
@@ -1014,15 +1293,4 @@ def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
 
 
-def _natural(text: str) -> tuple[str | int, ...]:
-    # "gpu-2" before "gpu-10". re.split alternates text and digits, so positions never mix types.
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", text)))
-
-
-def _device_order(device: _Device) -> tuple[tuple[str | int, ...], ...]:
-    return (
-        _natural(device.node or device.pool),
-        _natural(device.driver),
-        _natural(device.pool),
-        _natural(device.name),
-    )
+_natural = inventory.natural

@@ -3,15 +3,23 @@
 One reading of ResourceSlices and claims serves both the controller's metrics and ``explain``:
 a pool counts only at its newest generation, and a device is held by the claims whose
 allocation names it (admin-access results take it from nobody), as the scheduler reads them.
+
+The same readings come in two forms: functions over whole lists (``read_pools``, ``holders``),
+and pieces the controller's view keeps up to date one object at a time (``read_pool`` per pool,
+``HolderIndex``). A ``PublishedDevice`` lives as long as its slice is unchanged, and carries
+what is worth computing once per slice version: its CEL values, its memory, its sort key.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import re
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_gpu import cel
 from dra_gpu.devices.model import parse_quantity
 
 Body = Mapping[str, Any]
@@ -23,19 +31,27 @@ def result_key(result: Body) -> DeviceKey:
     return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
 
 
-@dataclasses.dataclass(frozen=True)
+def natural(text: str) -> tuple[str | int, ...]:
+    """A sort key that puts "gpu-2" before "gpu-10". re.split alternates text and digits, so
+    positions never mix types."""
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", text)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class PublishedDevice:
+    """One device of one slice version; equal only to itself (caches key on it)."""
+
     driver: str
     pool: str
     node: str | None
     """The device's own ``nodeName``, else its slice's; None for node-independent pools."""
     body: Body
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         return str(self.body.get("name", ""))
 
-    @property
+    @functools.cached_property
     def key(self) -> DeviceKey:
         return (self.driver, self.pool, self.name)
 
@@ -43,7 +59,7 @@ class PublishedDevice:
     def label(self) -> str:
         return f"{self.node or self.pool}/{self.name}"
 
-    @property
+    @functools.cached_property
     def memory_bytes(self) -> int:
         value = (self.body.get("capacity") or {}).get("memory", {}).get("value")
         try:
@@ -51,8 +67,23 @@ class PublishedDevice:
         except ValueError:
             return 0
 
+    @functools.cached_property
+    def values(self) -> cel.DeviceValues:
+        """The device as CEL selectors see it, checked once."""
+        return cel.DeviceValues(self.driver, self.body)
 
-@dataclasses.dataclass(frozen=True)
+    @functools.cached_property
+    def order(self) -> tuple[tuple[str | int, ...], ...]:
+        """Natural order: by node (or pool), driver, pool, name."""
+        return (
+            natural(self.node or self.pool),
+            natural(self.driver),
+            natural(self.pool),
+            natural(self.name),
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Pool:
     """A pool at its newest generation."""
 
@@ -77,27 +108,58 @@ class Pool:
         with fewer slices than ``resourceSliceCount`` is still being written."""
         return self.present == self.expected
 
+    @property
+    def consistent(self) -> bool:
+        """Complete, and every slice announces the same count: what the metrics count."""
+        return self.complete and len(set(self.counts)) == 1
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.driver, self.pool)
+
+    def problem(self) -> PoolProblem | None:
+        if self.consistent:
+            return None
+        return PoolProblem(
+            self.driver,
+            self.pool,
+            (
+                f"pool {self.pool} of {self.driver} is inconsistent: {self.present} "
+                f"slice(s) at generation {self.generation}, "
+                f"resourceSliceCount {sorted(set(self.counts))}"
+            ),
+        )
+
+
+def pool_key(slice_body: Body) -> tuple[str, str] | None:
+    """(driver, pool) of a ResourceSlice; None when it names neither."""
+    spec = slice_body.get("spec") or {}
+    driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
+    return (str(driver), str(pool)) if driver and pool else None
+
 
 def read_pools(slices: Iterable[Body]) -> list[Pool]:
     """Every (driver, pool) at its newest generation, in (driver, pool) order."""
     grouped: dict[tuple[str, str], list[Body]] = collections.defaultdict(list)
     for body in slices:
-        spec = body.get("spec") or {}
-        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
-        if driver and pool:
-            grouped[(str(driver), str(pool))].append(spec)
-    pools = []
-    for (driver, pool), specs in sorted(grouped.items()):
-        generation = max(_pool_field(s, "generation", 0) for s in specs)
-        current = [s for s in specs if _pool_field(s, "generation", 0) == generation]
-        devices = tuple(
-            PublishedDevice(driver, pool, d.get("nodeName") or s.get("nodeName") or None, d)
-            for s in current
-            for d in s.get("devices") or []
-        )
-        counts = tuple(_pool_field(s, "resourceSliceCount", 1) for s in current)
-        pools.append(Pool(driver, pool, generation, counts, devices))
-    return pools
+        key = pool_key(body)
+        if key is not None:
+            grouped[key].append(body)
+    return [read_pool(driver, pool, bodies) for (driver, pool), bodies in sorted(grouped.items())]
+
+
+def read_pool(driver: str, pool: str, slices: Sequence[Body]) -> Pool:
+    """One pool at its newest generation, from its slices (in the order given, at least one)."""
+    specs = [body.get("spec") or {} for body in slices]
+    generation = max(_pool_field(s, "generation", 0) for s in specs)
+    current = [s for s in specs if _pool_field(s, "generation", 0) == generation]
+    devices = tuple(
+        PublishedDevice(driver, pool, d.get("nodeName") or s.get("nodeName") or None, d)
+        for s in current
+        for d in s.get("devices") or []
+    )
+    counts = tuple(_pool_field(s, "resourceSliceCount", 1) for s in current)
+    return Pool(driver, pool, generation, counts, devices)
 
 
 def _pool_field(spec: Body, field: str, default: int) -> int:
@@ -128,6 +190,94 @@ def holders(
     return {key: tuple(sorted(owners)) for key, owners in found.items()}
 
 
+def held_devices(claim: Body) -> tuple[DeviceKey, ...]:
+    """The devices ``claim``'s allocation takes from others (admin access takes none)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return tuple(
+        result_key(r)
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if not r.get("adminAccess")
+    )
+
+
+class HolderIndex:
+    """``holders`` kept up to date one claim at a time: device -> the claims that hold it.
+
+    Each claim is filed under a token of the caller's (the view's key, a list position), so
+    two bodies with one name, as a caller's list may hold, stay two holders, as in ``holders``.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[DeviceKey, dict[Hashable, tuple[str, str]]] = {}
+        self._devices: dict[Hashable, tuple[DeviceKey, ...]] = {}
+        self._names: collections.Counter[str] = collections.Counter()
+        self._uids: collections.Counter[str] = collections.Counter()
+        self._owners: dict[DeviceKey, tuple[str, ...]] = {}
+
+    @classmethod
+    def of(cls, claims: Iterable[Body]) -> HolderIndex:
+        index = cls()
+        for position, claim in enumerate(claims):
+            index.put(position, claim)
+        return index
+
+    def put(self, token: Hashable, claim: Body | None) -> set[DeviceKey]:
+        """File ``claim`` under ``token`` (None: remove it); returns the devices whose holders
+        may have changed."""
+        changed: set[DeviceKey] = set()
+        for key in self._devices.pop(token, ()):
+            owner, uid = self._entries[key].pop(token)
+            if not self._entries[key]:
+                del self._entries[key]
+            self._owners.pop(key, None)
+            self._names[owner] -= 1
+            self._uids[uid] -= 1
+            changed.add(key)
+        if claim is None:
+            return changed
+        keys = tuple(dict.fromkeys(held_devices(claim)))
+        if not keys:
+            return changed
+        meta = claim.get("metadata") or {}
+        owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        uid = str(meta.get("uid") or "")
+        self._devices[token] = keys
+        for key in keys:
+            self._entries.setdefault(key, {})[token] = (owner, uid)
+            self._owners.pop(key, None)
+            self._names[owner] += 1
+            self._uids[uid] += 1
+            changed.add(key)
+        return changed
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def owners(self, key: DeviceKey) -> tuple[str, ...]:
+        """``ns/name`` of the claims holding ``key``, sorted; empty when free."""
+        found = self._owners.get(key)
+        if found is None:
+            entries = self._entries.get(key)
+            if not entries:
+                return ()
+            found = self._owners[key] = tuple(sorted({owner for owner, _ in entries.values()}))
+        return found
+
+    def involves(self, name: str, uid: str) -> bool:
+        """Whether the claim ``name`` (``ns/name``) or one with ``uid`` holds anything."""
+        return self._names[name] > 0 or bool(uid and self._uids[uid] > 0)
+
+    def owners_excluding(self, key: DeviceKey, name: str, uid: str) -> tuple[str, ...]:
+        """``owners`` without the claim looking at its own chances, as ``holders(exclude=)``."""
+        entries = self._entries.get(key) or {}
+        return tuple(
+            sorted({o for o, u in entries.values() if o != name and not (uid and u == uid)})
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolProblem:
     driver: str
@@ -141,20 +291,11 @@ def current_pools(slices: Iterable[Body]) -> tuple[list[PublishedDevice], list[P
     devices: list[PublishedDevice] = []
     problems: list[PoolProblem] = []
     for pool in read_pools(slices):
-        if len(set(pool.counts)) == 1 and pool.complete:
+        problem = pool.problem()
+        if problem is None:
             devices.extend(pool.devices)
-            continue
-        problems.append(
-            PoolProblem(
-                pool.driver,
-                pool.pool,
-                (
-                    f"pool {pool.pool} of {pool.driver} is inconsistent: {pool.present} "
-                    f"slice(s) at generation {pool.generation}, "
-                    f"resourceSliceCount {sorted(set(pool.counts))}"
-                ),
-            )
-        )
+        else:
+            problems.append(problem)
     return devices, problems
 
 

@@ -8,6 +8,24 @@ to users. Kopf's own event posting is off; our Events are posted by the ``Report
 Every replica keeps the view and computes the metrics; only the holder of the Lease writes:
 explanations of pending claims, reports of inconsistent pools, deletion of our slices whose
 Node is gone, removal of ``status.devices`` entries of ours whose device is no longer allocated.
+
+A pass costs what changed since the last one, not what the cluster holds: the view indexes
+what it is fed and hands each pass its ``Changes``; the parts below take them in turn —
+
+==================  ===========================  ==============================================
+part                where                        takes
+==================  ===========================  ==============================================
+watch wiring        ``Controller.registry``      Kopf events -> ``ClusterView.apply``
+the indexed view    ``view.ClusterView``         pods by claim, pools, holders, claim states
+metrics             ``tallies.Tally``            per-pool contributions to per-node/class sums
+explanations        ``explaining.Explainer``     claims whose inputs changed (class epochs)
+class checks        ``Controller._check_classes``  edited classes; classes admitting no device
+pool reports        ``Controller._report_pools``   pools whose slices changed
+stale slices        ``Controller._delete_stale_slices``  slices changed, nodes gone
+status repair       ``Controller._repair_device_status``  claims changed
+==================  ===========================  ==============================================
+
+and a replica that becomes the leader sweeps everything once, then follows the changes.
 """
 
 from __future__ import annotations
@@ -17,7 +35,6 @@ import contextlib
 import datetime
 import logging
 import os
-import re
 import socket
 from typing import Any, NoReturn
 
@@ -25,10 +42,13 @@ import kopf
 
 from dra_gpu import cel, httpserver, kube, metrics, slices
 from dra_gpu.config import ControllerSettings
-from dra_gpu.controller import explain, inventory
+from dra_gpu.controller import explain, inventory, selections
+from dra_gpu.controller.explaining import Explainer, class_drivers
 from dra_gpu.controller.leader import LeaderElector
 from dra_gpu.controller.reporter import Reporter
-from dra_gpu.controller.view import ClusterView
+from dra_gpu.controller.selections import Selections
+from dra_gpu.controller.tallies import Tally, class_selectors
+from dra_gpu.controller.view import Changes, ClusterView
 
 log = logging.getLogger(__name__)
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -41,30 +61,31 @@ WATCHED = (
 )
 
 
-def _timestamp(value: str | None) -> datetime.datetime | None:
-    if not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 class Controller:
     def __init__(self, settings: ControllerSettings, api: kube.Kube) -> None:
         self.settings = settings
         self.api = api
         self.driver = settings.driver_name
-        self.identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
-        self.view = ClusterView()
+        identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.view = ClusterView(pods_without_claims=False)
         self.leader = LeaderElector(
             api,
             namespace=settings.namespace,
             name=settings.lease_name,
-            identity=self.identity,
+            identity=identity,
             lease_seconds=settings.lease_seconds,
             renew_seconds=max(1.0, settings.lease_seconds / 3),
         )
-        self.reporter = Reporter(api, self.identity)
+        self.reporter = Reporter(api, identity)
+        self.selections = Selections()
+        self.tally = Tally(self.driver, self.selections)
+        self.explainer = Explainer(self.view, self.reporter, self.driver, self.selections)
         self._wake = asyncio.Event()
-        self._timed_pods: dict[str, set[str]] = {"allocated": set(), "running": set()}
+        self._leading = False
+        # Leader's work still to do: what changed since it last ran (all of it on taking over).
+        self._classes_to_check: set[str] = set()
+        self._slices_to_check: set[str] = set()
+        self._claims_to_repair: set[str] = set()
         self._class_warnings: dict[str, str] = {}
         self._pool_warnings: dict[str, str] = {}
         self._prepare_events: dict[str, int] = {}
@@ -97,8 +118,8 @@ class Controller:
     ) -> None:
         @kopf.on.event(group, version, plural, registry=registry)
         async def changed(event: dict[str, Any], **_: Any) -> None:
-            self.view.apply(kind, event.get("type"), event["object"])
-            self._wake.set()
+            if self.view.apply(kind, event.get("type"), event["object"]):
+                self._wake.set()
 
     # ---- the kubelet's prepare failures ---------------------------------------------------
 
@@ -134,8 +155,10 @@ class Controller:
     async def run_forever(self) -> NoReturn:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.resync_seconds)
+                async with asyncio.timeout(self.settings.resync_seconds):
+                    await _either(self._wake, self.leader.changed)  # a change, or the lease
             self._wake.clear()
+            self.leader.changed.clear()
             await asyncio.sleep(0.2)  # let a burst of watch events land first
             try:
                 await self.reconcile_once()
@@ -143,120 +166,76 @@ class Controller:
                 log.exception("reconcile failed; retrying on the next change")
 
     async def reconcile_once(self) -> None:
-        devices, problems = inventory.current_pools(self.view.slices.values())
-        holders = inventory.allocated(self.view.claims.values())
-        self._update_metrics(devices, holders)
-        metrics.INCONSISTENT_POOLS.set(sum(p.driver == self.driver for p in problems))
+        """One pass: take what changed since the last one, update the metrics, and (leader)
+        explain, check and repair what it touches."""
+        changes = self.view.take_changes()
+        self.tally.update(self.view, changes, datetime.datetime.now(datetime.UTC))
+        self.explainer.note(changes)
+        self._forget_unused(changes)
         metrics.LEADER.set(1 if self.leader.is_leader else 0)
         if self.leader.is_leader:
-            await self._explain_pending()
-            await self._check_classes(devices)
-            self._report_pools(problems)
+            if not self._leading:  # just took over: everything is news to this leader
+                self._leading = True
+                self.explainer.restart()
+                self._classes_to_check = set(self.view.classes)
+                self._slices_to_check = set(self.view.slices)
+                self._claims_to_repair = set(self.view.claims)
+            self._note_leader_work(changes)
+            await self.explainer.explain_pending()
+            await self._check_classes()
+            self._report_pools()
             await self._delete_stale_slices()
             await self._repair_device_status()
+        else:
+            self._leading = False
         self.reconciled += 1
         metrics.RECONCILES.inc()
 
-    # ---- metrics -------------------------------------------------------------------------
+    def _forget_unused(self, changes: Changes) -> None:
+        if changes.classes:  # selector lists of old class versions; requests' come back
+            self.selections.keep_only(
+                selections.list_key(class_selectors(c)) for c in self.view.classes.values()
+            )
+        gone = [key for key in changes.pools if key not in self.view.pools]
+        if gone:
+            self.selections.forget_pools(gone)
 
-    def _update_metrics(
-        self, devices: list[inventory.PublishedDevice], holders: dict[inventory.DeviceKey, str]
-    ) -> None:
-        for node, counts in inventory.per_node(devices, holders, self.driver).items():
-            metrics.DEVICES.labels(node, "published").set(counts.published)
-            metrics.DEVICES.labels(node, "allocated").set(counts.allocated)
-            metrics.DEVICES.labels(node, "free").set(counts.free)
-            metrics.MEMORY.labels(node, "published").set(counts.memory)
-            metrics.MEMORY.labels(node, "allocated").set(counts.memory_allocated)
-            metrics.MEMORY.labels(node, "free").set(counts.memory - counts.memory_allocated)
-        ours = [d for d in devices if d.driver == self.driver]
-        for name, device_class in self.view.classes.items():
-            admitted = [d for d in ours if _admits(device_class, d)]
-            taken = sum(d.key in holders for d in admitted)
-            metrics.CLASS_DEVICES.labels(name, "published").set(len(admitted))
-            metrics.CLASS_DEVICES.labels(name, "allocated").set(taken)
-            metrics.CLASS_DEVICES.labels(name, "free").set(len(admitted) - taken)
-        states = {"pending": 0, "allocated": 0, "reserved": 0}
-        for claim in self.view.claims.values():
-            states[inventory.claim_state(claim)] += 1
-        for state, count in states.items():
-            metrics.CLAIMS.labels(state).set(count)
-        self._time_pods()
-
-    def _time_pods(self) -> None:
-        now = datetime.datetime.now(datetime.UTC)
-        for pod in self.view.pods.values():
-            refs = pod["spec"].get("resourceClaims") or []
-            created = _timestamp(pod["metadata"].get("creationTimestamp"))
-            uid = pod["metadata"]["uid"]
-            if not refs or created is None:
-                continue
-            if uid not in self._timed_pods["allocated"] and self._claims_allocated(pod):
-                metrics.POD_CLAIMS_ALLOCATED_SECONDS.observe((now - created).total_seconds())
-                self._timed_pods["allocated"].add(uid)
-            if uid not in self._timed_pods["running"] and pod["status"].get("phase") == "Running":
-                metrics.POD_RUNNING_SECONDS.observe((now - created).total_seconds())
-                self._timed_pods["running"].add(uid)
-        alive = {p["metadata"]["uid"] for p in self.view.pods.values()}
-        for seen in self._timed_pods.values():
-            seen &= alive
-
-    def _claims_allocated(self, pod: kube.Body) -> bool:
-        namespace = pod["metadata"]["namespace"]
-        names = {
-            s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses") or []
-        }
-        names |= {r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []}
-        names.discard(None)
-        wanted = len(pod["spec"].get("resourceClaims") or [])
-        found = [self.view.claims.get(f"{namespace}/{n}") for n in names]
-        allocated = [c for c in found if c and c.get("status", {}).get("allocation")]
-        return len(allocated) >= wanted
+    def _note_leader_work(self, changes: Changes) -> None:
+        self._classes_to_check |= changes.classes
+        if changes.pools:  # what no device satisfies may now be satisfied, and vice versa
+            self._classes_to_check |= {
+                name for name, counts in self.tally.admitted.items() if not counts[2]
+            }
+            self._classes_to_check |= set(self._class_warnings)
+        self._slices_to_check |= changes.slices
+        gone = {n for n in changes.nodes if n not in self.view.nodes}
+        if gone:
+            self._slices_to_check |= {
+                name
+                for name, body in self.view.slices.items()
+                if (body.get("spec") or {}).get("nodeName") in gone
+            }
+        self._claims_to_repair |= changes.claims
 
     # ---- leader's work -------------------------------------------------------------------
 
-    async def _explain_pending(self) -> None:
-        pending_uids = set()
-        for claim in self.view.pending_claims():
-            waiting = [p for p in self.view.pods_of(claim) if not p["spec"].get("nodeName")]
-            if not waiting or not self._concerns_us(claim):
-                continue
-            pending_uids.add(claim["metadata"]["uid"])
-            result = explain.explain_claim(
-                claim,
-                pod=waiting[0],
-                classes=self.view.classes,
-                slices=list(self.view.slices.values()),
-                claims=list(self.view.claims.values()),
-                nodes=self.view.nodes,
-            )
-            if result.missing:
-                await self.reporter.report(claim, waiting, str(result.reason), result.message)
-        self.reporter.keep_only(pending_uids)
-
-    def _concerns_us(self, claim: kube.Body) -> bool:
-        """False when every request's class exists and selects another driver only."""
-        for request in claim["spec"].get("devices", {}).get("requests") or []:
-            choices = (
-                [request["exactly"]]
-                if "exactly" in request
-                else request.get("firstAvailable") or []
-            )
-            for choice in choices:
-                device_class = self.view.classes.get(choice.get("deviceClassName", ""))
-                drivers = _class_drivers(device_class) if device_class else set()
-                if not drivers or self.driver in drivers:
-                    return True
-        return False
-
-    async def _check_classes(self, devices: list[inventory.PublishedDevice]) -> None:
+    async def _check_classes(self) -> None:
         """A selector that cannot compile, or that no published device of any driver satisfies,
         gets one Warning Event on the DeviceClass (again only when the reason changes)."""
-        for name, device_class in sorted(self.view.classes.items()):
-            drivers = _class_drivers(device_class)
+        published: tuple[int, inventory.PublishedDevice | None] | None = None
+        for name in sorted(self._classes_to_check):
+            self._classes_to_check.discard(name)
+            device_class = self.view.classes.get(name)
+            if device_class is None:
+                self._class_warnings.pop(name, None)
+                continue
+            drivers = class_drivers(device_class)
             if drivers and self.driver not in drivers:
                 continue  # another driver's class: not ours to judge
-            problem = _class_problem(device_class, devices)
+            if published is None:
+                published = _published(self.view)
+            admitted = self.tally.admitted.get(name, [0, 0, 0])[2]
+            problem = _class_problem(device_class, admitted, *published)
             if problem is None:
                 self._class_warnings.pop(name, None)
                 continue
@@ -267,15 +246,21 @@ class Controller:
             log.warning("DeviceClass %s: %s", name, message)
             await self.reporter.warn(device_class, "DeviceClass", reason, message)
 
-    def _report_pools(self, problems: list[inventory.PoolProblem]) -> None:
-        current = {p.pool: p.message for p in problems if p.driver == self.driver}
-        for pool, message in current.items():
+    def _report_pools(self) -> None:
+        current = {
+            p.pool: p.message for p in self.tally.problems.values() if p.driver == self.driver
+        }
+        for pool, message in sorted(current.items()):
             if self._pool_warnings.get(pool) != message:
                 log.warning("%s", message)
         self._pool_warnings = current
 
     async def _delete_stale_slices(self) -> None:
-        for body in list(self.view.slices.values()):
+        for name in sorted(self._slices_to_check):
+            body = self.view.slices.get(name)
+            if body is None:
+                self._slices_to_check.discard(name)
+                continue
             labels = body["metadata"].get("labels") or {}
             node = body["spec"].get("nodeName")
             if (
@@ -284,20 +269,25 @@ class Controller:
                 or not node
                 or node in self.view.nodes
             ):
+                self._slices_to_check.discard(name)
                 continue
             try:  # the view may lag: only the API server can say the Node is gone
                 await self.api.get(f"/api/v1/nodes/{node}")
-                continue
+                continue  # checked again on the next pass
             except kube.ApiError as exc:
                 if not exc.not_found:
                     raise
-            name = body["metadata"]["name"]
             log.warning("deleting ResourceSlice %s: its node %s no longer exists", name, node)
             await self.api.delete(f"{RESOURCE}/resourceslices/{name}", uid=body["metadata"]["uid"])
+            self._slices_to_check.discard(name)
             metrics.STALE_SLICES_DELETED.inc()
 
     async def _repair_device_status(self) -> None:
-        for claim in list(self.view.claims.values()):
+        for key in sorted(self._claims_to_repair):
+            claim = self.view.claims.get(key)
+            self._claims_to_repair.discard(key)
+            if claim is None:
+                continue
             status = claim.get("status", {})
             entries = status.get("devices") or []
             allocated = {
@@ -330,9 +320,20 @@ class Controller:
                 )
             except kube.ApiError as exc:
                 if not (exc.conflict or exc.not_found):
+                    self._claims_to_repair.add(key)
                     raise
-                continue  # changed meanwhile: the next pass sees the new version
+                continue  # changed meanwhile: the new version comes as a change
             metrics.DEVICE_STATUS_REPAIRS.inc(len(stale))
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Until one of ``events`` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 # ---- class checks (pure) -------------------------------------------------------------------
@@ -346,24 +347,26 @@ def _selectors(device_class: kube.Body) -> list[str]:
     ]
 
 
-def _class_drivers(device_class: kube.Body) -> set[str]:
-    drivers = set()
-    for expression in _selectors(device_class):
-        drivers |= set(re.findall(r'device\.driver\s*==\s*"([^"]+)"', expression))
-    return drivers
-
-
-def _admits(device_class: kube.Body, device: inventory.PublishedDevice) -> bool:
-    for expression in _selectors(device_class):
-        compiled = cel.compile_selector(expression)
-        if compiled.error or not cel.evaluate(compiled, device.driver, device.body).matched:
-            return False
-    return True
+def _published(view: ClusterView) -> tuple[int, inventory.PublishedDevice | None]:
+    """How many devices (any driver) consistent pools hold, and the first of them, in the
+    order of ``inventory.current_pools``."""
+    count, first = 0, None
+    for key in sorted(view.pools):
+        pool = view.pools[key]
+        if pool.consistent and pool.devices:
+            count += len(pool.devices)
+            first = first or pool.devices[0]
+    return count, first
 
 
 def _class_problem(
-    device_class: kube.Body, devices: list[inventory.PublishedDevice]
+    device_class: kube.Body,
+    admitted: int,
+    published: int,
+    first: inventory.PublishedDevice | None,
 ) -> tuple[str, str] | None:
+    """``admitted``: devices of consistent pools (any driver) the class admits; ``published``:
+    all of them, ``first`` the first."""
     name = device_class["metadata"]["name"]
     for index, expression in enumerate(_selectors(device_class)):
         compiled = cel.compile_selector(expression)
@@ -372,17 +375,17 @@ def _class_problem(
                 f"DeviceClass {name}: spec.selectors[{index}].cel.expression "
                 f"{' '.join(expression.split())!r} does not compile: {compiled.error}"
             )
-    if not devices or any(_admits(device_class, d) for d in devices):
+    if not published or admitted or first is None:
         return None
     why = ""
     for index, expression in enumerate(_selectors(device_class)):
-        verdict = cel.evaluate(cel.compile_selector(expression), devices[0].driver, devices[0].body)
+        verdict = cel.evaluate(cel.compile_selector(expression), first.driver, first.body)
         if verdict.error:
-            why = f"; e.g. {devices[0].node}/{devices[0].body['name']}: selector #{index}: "
+            why = f"; e.g. {first.node}/{first.body['name']}: selector #{index}: "
             why += verdict.error
             break
     return "NoDeviceMatches", (
-        f"DeviceClass {name}: none of the {len(devices)} published devices satisfies its "
+        f"DeviceClass {name}: none of the {published} published devices satisfies its "
         f"selectors; claims of this class cannot be allocated{why}"
     )
 

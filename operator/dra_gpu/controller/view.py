@@ -1,42 +1,220 @@
-"""The controller's in-memory view of the cluster, fed by Kopf's watch events.
+"""The controller's in-memory view of the cluster, fed by Kopf's watch events, and its indexes.
 
 Kopf's ``on.event`` handlers put every DeviceClass, ResourceClaim, ResourceSlice, Pod and Node
-here as the API's own JSON; nothing is written back to those objects (no Kopf annotations, no
-finalizers: they belong to users). Queries here are pure and cheap; the reconcile loop reads
-the view, never the API, so a burst of watch events costs one pass.
+here; nothing is written back to those objects (no Kopf annotations, no finalizers: they belong
+to users). Each object is kept as the API's JSON cut down to the fields the controller reads
+(``_KEEP``), so a Node's images or a Pod's containers cost nothing, an update that touches only
+other fields (a Node's heartbeat, a Pod's container status) is no change at all, and a view may
+skip the Pods that use no claim (most Pods of a cluster) altogether.
+
+``apply`` keeps the indexes the controller's jobs read instead of scanning: pods by the claims
+they use, pending claims, claims by state, devices by holder (``inventory.HolderIndex``), each
+pool at its newest generation (``inventory.Pool``, rebuilt only when one of its slices changes),
+the pools with devices on each node. It also notes what changed (``take_changes``), so a pass
+costs what changed, not what exists. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from dra_gpu.controller import inventory
 
 Body = dict[str, Any]
 KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node")
+PoolKey = tuple[str, str]
 
 
-def key(body: Body) -> str:
+def key(body: Mapping[str, Any]) -> str:
     meta = body.get("metadata", {})
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else meta["name"]
 
 
+# What is kept of each kind: field -> None (all of it) or the fields kept below it.
+_Keep = Mapping[str, "_Keep | None"]
+_KEEP: dict[str, _Keep] = {
+    "DeviceClass": {"metadata": {"name": None, "uid": None}, "spec": None},
+    "ResourceClaim": {
+        "metadata": {
+            "name": None,
+            "namespace": None,
+            "uid": None,
+            "resourceVersion": None,
+            "creationTimestamp": None,
+            "deletionTimestamp": None,
+        },
+        "spec": None,
+        "status": None,
+    },
+    "ResourceSlice": {
+        "metadata": {"name": None, "uid": None, "labels": None, "ownerReferences": None},
+        "spec": None,
+    },
+    "Pod": {
+        "metadata": {"name": None, "namespace": None, "uid": None, "creationTimestamp": None},
+        "spec": {
+            "nodeName": None,
+            "resourceClaims": None,
+            "tolerations": None,
+            "nodeSelector": None,
+            "affinity": {"nodeAffinity": None},
+        },
+        "status": {"phase": None, "resourceClaimStatuses": None},
+    },
+    "Node": {
+        "metadata": {"name": None, "uid": None, "labels": None},
+        "spec": {"unschedulable": None, "taints": None},
+        "status": {"conditions": None},  # cut to the Ready condition's type and status below
+    },
+}
+# Read for optimistic concurrency only: a new one alone is no change.
+_VOLATILE = ("resourceVersion",)
+
+
+def trim(kind: str, body: Mapping[str, Any]) -> Body:
+    """``body`` cut down to what the controller reads of a ``kind``."""
+    kept = _cut(body, _KEEP[kind])
+    if kind == "Node":
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = [
+            {"type": c.get("type"), "status": c.get("status")}
+            for c in conditions
+            if isinstance(c, Mapping) and c.get("type") == "Ready"
+        ]
+        kept["status"] = {"conditions": ready}
+    return kept
+
+
+def _cut(body: Mapping[str, Any], keep: _Keep) -> Body:
+    out: Body = {}
+    for field, below in keep.items():
+        if field not in body:
+            continue
+        value = body[field]
+        if below is not None and isinstance(value, Mapping):
+            value = _cut(value, below)
+        out[field] = value
+    return out
+
+
+def _same(old: Body, new: Body) -> bool:
+    if old.get("metadata", {}).get("resourceVersion") == new.get("metadata", {}).get(
+        "resourceVersion"
+    ):
+        return old == new
+    meta_old = {k: v for k, v in old.get("metadata", {}).items() if k not in _VOLATILE}
+    meta_new = {k: v for k, v in new.get("metadata", {}).items() if k not in _VOLATILE}
+    return meta_old == meta_new and all(
+        old.get(f) == new.get(f) for f in set(old) | set(new) if f != "metadata"
+    )
+
+
+def claim_names(pod: Mapping[str, Any]) -> set[str]:
+    """Names of the claims a pod uses: named in its spec, or generated for it (status)."""
+    refs = (pod.get("spec") or {}).get("resourceClaims") or []
+    names = {ref.get("resourceClaimName") for ref in refs}
+    names |= {
+        status.get("resourceClaimName")
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names.discard(None)
+    return {str(n) for n in names}
+
+
+@dataclasses.dataclass
+class Changes:
+    """What changed in the view since the last ``take_changes()`` (keys, as in ``objects``)."""
+
+    classes: set[str] = dataclasses.field(default_factory=set)
+    claims: set[str] = dataclasses.field(default_factory=set)
+    pods: set[str] = dataclasses.field(default_factory=set)
+    nodes: set[str] = dataclasses.field(default_factory=set)
+    slices: set[str] = dataclasses.field(default_factory=set)
+    pools: dict[PoolKey, inventory.Pool | None] = dataclasses.field(default_factory=dict)
+    """Pools whose slices changed, each with the pool as it was before (None: it was not)."""
+    held: set[inventory.DeviceKey] = dataclasses.field(default_factory=set)
+    """Devices whose holders may have changed."""
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.classes
+            or self.claims
+            or self.pods
+            or self.nodes
+            or self.slices
+            or self.pools
+            or self.held
+        )
+
+
 @dataclasses.dataclass
 class ClusterView:
+    pods_without_claims: bool = True
+    """Keep Pods that use no claim (the controller does not: it never reads them)."""
     objects: dict[str, dict[str, Body]] = dataclasses.field(
         default_factory=lambda: {kind: {} for kind in KINDS}
     )
     generation: int = 0
     """Bumped on every change, so the reconcile loop can tell a quiet view from a busy one."""
 
-    def apply(self, kind: str, event_type: str | None, body: Body) -> None:
+    def __post_init__(self) -> None:
+        self._stamps: dict[str, dict[str, int]] = {kind: {} for kind in KINDS}
+        self._pods_by_claim: dict[str, set[str]] = {}
+        self._claims_of_pod: dict[str, tuple[str, ...]] = {}
+        self._pending: set[str] = set()
+        self._states: dict[str, str] = {}
+        self.claim_states: collections.Counter[str] = collections.Counter(
+            {"pending": 0, "allocated": 0, "reserved": 0}
+        )
+        self.holders = inventory.HolderIndex()
+        self._slice_seq: dict[str, int] = {}
+        self._slice_pool: dict[str, PoolKey] = {}
+        self._pool_slices: dict[PoolKey, set[str]] = {}
+        self.pools: dict[PoolKey, inventory.Pool] = {}
+        """Every (driver, pool) at its newest generation."""
+        self._pools_on_node: dict[str, set[PoolKey]] = {}
+        self._changes = Changes()
+        self._seq = 0
+
+    def apply(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Take one watch event; returns whether the view changed (in a field it keeps)."""
+        name = key(body)
         store = self.objects[kind]
-        if event_type == "DELETED":
-            store.pop(key(body), None)
+        old = store.get(name)
+        new: Body | None = None
+        if event_type != "DELETED":
+            new = trim(kind, body)
+            if kind == "Pod" and not self.pods_without_claims and not claim_names(new):
+                new = None  # spec.resourceClaims is immutable: it never will use one
+            elif old is not None and _same(old, new):
+                store[name] = new  # the newest resourceVersion, for writes that carry it
+                return False
+        if old is None and new is None:
+            return False
+        if new is None:
+            del store[name]
+            self._stamps[kind].pop(name, None)
         else:
-            store[key(body)] = body
+            store[name] = new
         self.generation += 1
+        if new is not None:
+            self._stamps[kind][name] = self.generation
+        getattr(self, _ON_CHANGE[kind])(name, old, new)
+        return True
+
+    def take_changes(self) -> Changes:
+        changes, self._changes = self._changes, Changes()
+        return changes
+
+    def stamp(self, kind: str, name: str) -> int:
+        """The view's generation when the object last changed; 0 when it is not in the view."""
+        return self._stamps[kind].get(name, 0)
+
+    # ---- the kinds -------------------------------------------------------------------------
 
     @property
     def classes(self) -> dict[str, Body]:
@@ -58,28 +236,111 @@ class ClusterView:
     def nodes(self) -> dict[str, Body]:
         return self.objects["Node"]
 
-    def pods_of(self, claim: Body) -> list[Body]:
-        """Pods that use the claim: its owner (template claims) or pods naming it."""
-        meta = claim["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        found = []
-        for pod in self.pods.values():
-            if pod["metadata"].get("namespace") != namespace:
-                continue
-            names = {
-                ref.get("resourceClaimName") for ref in pod["spec"].get("resourceClaims") or []
-            }
-            names |= {
-                status.get("resourceClaimName")
-                for status in pod.get("status", {}).get("resourceClaimStatuses") or []
-            }
-            if name in names:
-                found.append(pod)
-        return sorted(found, key=key)
+    # ---- queries ---------------------------------------------------------------------------
+
+    def pods_of(self, claim: Mapping[str, Any]) -> list[Body]:
+        """Pods that use the claim (naming it in spec or status), sorted by namespace/name."""
+        return [self.pods[p] for p in self.pod_keys_of(key(claim))]
+
+    def pod_keys_of(self, claim_key: str) -> list[str]:
+        return sorted(self._pods_by_claim.get(claim_key, ()))
 
     def pending_claims(self) -> Iterator[Body]:
         """Claims not allocated yet, in a stable order."""
-        for name in sorted(self.claims):
-            claim = self.claims[name]
-            if not claim.get("status", {}).get("allocation"):
-                yield claim
+        for name in self.pending_keys():
+            yield self.claims[name]
+
+    def pending_keys(self) -> list[str]:
+        return sorted(self._pending)
+
+    def pools_on_node(self, node: str) -> set[PoolKey]:
+        """Pools with a device attached to ``node``."""
+        return self._pools_on_node.get(node, set())
+
+    # ---- indexes, per kind -----------------------------------------------------------------
+
+    def _class_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        self._changes.classes.add(name)
+
+    def _node_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        self._changes.nodes.add(name)
+
+    def _pod_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        namespace = (new or old or {}).get("metadata", {}).get("namespace")
+        claims = tuple(sorted(f"{namespace}/{c}" for c in claim_names(new))) if new else ()
+        before = self._claims_of_pod.get(name, ())
+        if claims != before:
+            for claim in before:
+                pods = self._pods_by_claim[claim]
+                pods.discard(name)
+                if not pods:
+                    del self._pods_by_claim[claim]
+            for claim in claims:
+                self._pods_by_claim.setdefault(claim, set()).add(name)
+            if claims:
+                self._claims_of_pod[name] = claims
+            else:
+                self._claims_of_pod.pop(name, None)
+        self._changes.pods.add(name)
+
+    def _claim_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        before = self._states.pop(name, None)
+        if before is not None:
+            self.claim_states[before] -= 1
+        self._pending.discard(name)
+        if new is not None:
+            state = inventory.claim_state(new)
+            self._states[name] = state
+            self.claim_states[state] += 1
+            if state == "pending":
+                self._pending.add(name)
+        self._changes.held |= self.holders.put(name, new)
+        self._changes.claims.add(name)
+
+    def _slice_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        if old is None:
+            self._seq += 1
+            self._slice_seq[name] = self._seq
+        was = self._slice_pool.pop(name, None)
+        now = inventory.pool_key(new) if new is not None else None
+        if was is not None:
+            self._pool_slices[was].discard(name)
+        if now is not None:
+            self._slice_pool[name] = now
+            self._pool_slices.setdefault(now, set()).add(name)
+        if new is None:
+            del self._slice_seq[name]
+        for pool in {p for p in (was, now) if p is not None}:
+            self._reread_pool(pool)
+        self._changes.slices.add(name)
+
+    def _reread_pool(self, pool: PoolKey) -> None:
+        before = self.pools.get(pool)
+        self._changes.pools.setdefault(pool, before)
+        names = self._pool_slices.get(pool)
+        if before is not None:
+            for node in {d.node for d in before.devices if d.node}:
+                on_node = self._pools_on_node[node]
+                on_node.discard(pool)
+                if not on_node:
+                    del self._pools_on_node[node]
+        if not names:
+            self._pool_slices.pop(pool, None)
+            self.pools.pop(pool, None)
+            return
+        # The pool's slices in the order they came into the view, as a list of the view's
+        # slices would have them.
+        bodies = [self.slices[n] for n in sorted(names, key=self._slice_seq.__getitem__)]
+        current = inventory.read_pool(pool[0], pool[1], bodies)
+        self.pools[pool] = current
+        for node in {d.node for d in current.devices if d.node}:
+            self._pools_on_node.setdefault(node, set()).add(pool)
+
+
+_ON_CHANGE = {
+    "DeviceClass": "_class_changed",
+    "ResourceClaim": "_claim_changed",
+    "ResourceSlice": "_slice_changed",
+    "Pod": "_pod_changed",
+    "Node": "_node_changed",
+}

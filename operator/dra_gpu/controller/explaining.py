@@ -1,0 +1,264 @@
+"""Explanations of pending claims, worked out again only for claims whose inputs changed.
+
+Owns: which pending claims — those a pod waits for, of a class that may be ours — need a fresh
+explanation after a batch of changes; computing those against one ``explain.World`` per pass
+(over the view's indexes and a ``Layout`` kept until a pool changes); handing each to the
+``Reporter``, which posts a message only when it is not what it last posted for that claim.
+
+A claim's explanation reads the claim, the pods that use it (the first waiting one's node
+constraints), its DeviceClasses, and what those classes can see of the cluster. That last part
+is summed up as an epoch per class name, bumped when something the class's requests could read
+changes:
+
+- the class itself (created, edited, deleted);
+- a pool with a device the class does not rule out with a plain "no", before or after the
+  change; any incomplete pool (requests mention them); any pool at all while the class has no
+  such device (its message then lists devices of other classes) or has node-independent ones;
+- the holders of a device the class admits;
+- a node with a device the class does not rule out; any node while it has node-independent
+  devices (they can run on every node).
+
+A claim is explained again when its stamp, its pods' stamps or an epoch of its classes moved
+(``ClusterView.stamp`` moves only when a field the controller keeps changes).
+
+Must not: read or write the API itself (the Reporter does), or block the loop for long: it
+yields between batches of claims and leaves the rest for the next pass if the view changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dra_gpu import cel
+from dra_gpu.controller import explain, inventory, selections
+from dra_gpu.controller.reporter import Reporter
+from dra_gpu.controller.selections import Selections
+from dra_gpu.controller.tallies import class_selectors
+from dra_gpu.controller.view import Changes, ClusterView, PoolKey
+
+log = logging.getLogger(__name__)
+
+BATCH = 50
+"""Claims explained between two yields to the event loop."""
+BULK = 2_000
+"""A batch of changes this large (a start, a relist) makes every class's claims stale at once
+instead of being traced one change at a time."""
+
+_DRIVER_IS = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
+
+
+def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
+    """Drivers a class's selectors name with ``device.driver == "..."`` (empty: any)."""
+    drivers: set[str] = set()
+    for compiled in class_selectors(device_class):
+        drivers |= set(_DRIVER_IS.findall(compiled.expression))
+    return drivers
+
+
+class Explainer:
+    def __init__(
+        self, view: ClusterView, reporter: Reporter, driver: str, selections: Selections
+    ) -> None:
+        self.view = view
+        self.reporter = reporter
+        self.driver = driver
+        self.selections = selections
+        self.epochs: collections.Counter[str] = collections.Counter()
+        self.explained = 0
+        """Explanations computed so far (each claim whose inputs changed counts once)."""
+        self._classes: dict[str, tuple[cel.Compiled, ...]] = {}
+        self._counts: dict[str, list[int]] = {}  # class -> candidates, node-independent ones
+        self._pool_counts: dict[PoolKey, dict[str, tuple[int, int]]] = {}
+        self._layout: explain.Layout | None = None
+        self._done: dict[str, tuple[tuple[Any, ...], str, bool]] = {}
+
+    # ---- what changed ----------------------------------------------------------------------
+
+    def note(self, changes: Changes) -> None:
+        """Take one batch of changes (every pass, leader or not): bump the epochs it touches."""
+        if changes.pools:
+            self._layout = None
+        for name in sorted(changes.classes):
+            self._recount_class(name)
+        bulk = len(changes.pools) + len(changes.held) + len(changes.nodes) > BULK
+        for key, before in changes.pools.items():
+            self._pool_changed(key, before, bump=not bulk)
+        if bulk:
+            self.epochs.update(self._classes)
+            return
+        for device in changes.held:
+            self._held_changed(device)
+        for node in changes.nodes:
+            self._node_changed(node)
+
+    def restart(self) -> None:
+        """Explain every pending claim again on the next pass (this replica now leads)."""
+        self._done.clear()
+
+    def _recount_class(self, name: str) -> None:
+        self.epochs[name] += 1
+        for counts in self._pool_counts.values():
+            counts.pop(name, None)
+        body = self.view.classes.get(name)
+        if body is None:
+            self._classes.pop(name, None)
+            self._counts.pop(name, None)
+            return
+        compiled = self._classes[name] = class_selectors(body)
+        totals = [0, 0]
+        for key, pool in self.view.pools.items():
+            row = self._count(compiled, pool)
+            if any(row):
+                self._pool_counts.setdefault(key, {})[name] = row
+                totals[0] += row[0]
+                totals[1] += row[1]
+        self._counts[name] = totals
+
+    def _count(self, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool) -> tuple[int, int]:
+        """Devices of a complete pool the class does not rule out, and those without a node."""
+        if not pool.complete:
+            return 0, 0
+        outcomes = self.selections.outcomes(compiled, pool)
+        found = [d for d, o in zip(pool.devices, outcomes, strict=True) if selections.candidate(o)]
+        return len(found), sum(1 for d in found if d.node is None)
+
+    def _pool_changed(self, key: PoolKey, before: inventory.Pool | None, *, bump: bool) -> None:
+        after = self.view.pools.get(key)
+        incomplete = (before is not None and not before.complete) or (
+            after is not None and not after.complete
+        )
+        old_rows = self._pool_counts.pop(key, {})
+        new_rows: dict[str, tuple[int, int]] = {}
+        for name, compiled in self._classes.items():
+            old = old_rows.get(name, (0, 0))
+            new = self._count(compiled, after) if after is not None else (0, 0)
+            if any(new):
+                new_rows[name] = new
+            totals = self._counts[name]
+            was = tuple(totals)
+            totals[0] += new[0] - old[0]
+            totals[1] += new[1] - old[1]
+            if bump and (
+                incomplete or old[0] or new[0] or not was[0] or not totals[0] or was[1] or totals[1]
+            ):
+                self.epochs[name] += 1
+        if new_rows:
+            self._pool_counts[key] = new_rows
+
+    def _held_changed(self, device: inventory.DeviceKey) -> None:
+        pool = self.view.pools.get((device[0], device[1]))
+        if pool is None or not pool.complete:
+            return  # not in the World: nobody sees its holders
+        positions = [i for i, d in enumerate(pool.devices) if d.name == device[2]]
+        for name, compiled in self._classes.items():
+            outcomes = self.selections.outcomes(compiled, pool)
+            if any(selections.admits(outcomes[i]) for i in positions):
+                self.epochs[name] += 1
+
+    def _node_changed(self, node: str) -> None:
+        touched: set[str] = {n for n, counts in self._counts.items() if counts[1]}
+        for key in self.view.pools_on_node(node):
+            pool = self.view.pools[key]
+            if not pool.complete:
+                continue
+            positions = [i for i, d in enumerate(pool.devices) if d.node == node]
+            for name, compiled in self._classes.items():
+                outcomes = self.selections.outcomes(compiled, pool)
+                if any(selections.candidate(outcomes[i]) for i in positions):
+                    touched.add(name)
+        for name in touched:
+            self.epochs[name] += 1
+
+    # ---- explaining ------------------------------------------------------------------------
+
+    def world(self) -> explain.World:
+        """The World of this pass, over the view's indexes."""
+        view = self.view
+        if self._layout is None:
+            self._layout = explain.Layout(view.pools.values(), self.selections)
+        return explain.World(
+            self._layout, view.holders, view.nodes, lambda: list(view.slices.values())
+        )
+
+    def stale(self) -> list[tuple[str, list[dict[str, Any]], tuple[Any, ...]]]:
+        """Pending claims with a waiting pod whose explanation's inputs changed, in order;
+        also forgets claims that no longer wait."""
+        view = self.view
+        found = []
+        waiting_keys = set()
+        for key in view.pending_keys():
+            claim = view.claims[key]
+            pod_keys = view.pod_keys_of(key)
+            waiting = [view.pods[p] for p in pod_keys if not view.pods[p]["spec"].get("nodeName")]
+            if not waiting:
+                continue
+            waiting_keys.add(key)
+            inputs = (
+                view.stamp("ResourceClaim", key),
+                tuple(view.stamp("Pod", p) for p in pod_keys),
+                tuple(self.epochs[n] for n in explain.class_names(claim)),
+            )
+            done = self._done.get(key)
+            if done is None or done[0] != inputs:
+                found.append((key, waiting, inputs))
+        for key in set(self._done) - waiting_keys:
+            del self._done[key]
+        return found
+
+    async def explain_pending(self) -> None:
+        """Explain the stale claims and report those with a missing piece; forget, in the
+        Reporter, claims no longer pending (explained anew if they are again)."""
+        view = self.view
+        stale = self.stale()
+        generation = view.generation
+        world: explain.World | None = None
+        results = []
+        left = len(stale)
+        for count, (key, waiting, inputs) in enumerate(stale):
+            if count and count % BATCH == 0:
+                await asyncio.sleep(0)  # let watch events and /metrics in
+                if view.generation != generation:
+                    break  # the rest, with what just changed, in the next pass
+            left -= 1
+            claim = view.claims[key]
+            uid = str(claim["metadata"].get("uid", ""))
+            if not self._concerns_us(claim):
+                self._done[key] = (inputs, uid, False)
+                continue
+            world = world or self.world()
+            result = explain.explain(
+                claim, world, classes=view.classes, pod=waiting[0], detail=False
+            )
+            self.explained += 1
+            results.append((key, claim, waiting, inputs, result))
+        for key, claim, waiting, inputs, result in results:
+            if result.missing:
+                await self.reporter.report(claim, waiting, str(result.reason), result.message)
+            self._done[key] = (inputs, str(claim["metadata"].get("uid", "")), True)
+        if left:
+            log.debug("explained %d claims; %d wait for the next pass", len(results), left)
+        # Claims still pending and ours, whether explained now or before; and those not reached.
+        keep = {uid for _, uid, ours in self._done.values() if ours}
+        not_reached = stale[len(stale) - left :]
+        keep |= {str(view.claims[k]["metadata"].get("uid", "")) for k, _, _ in not_reached}
+        self.reporter.keep_only(keep)
+
+    def _concerns_us(self, claim: Mapping[str, Any]) -> bool:
+        """False when every request's class exists and selects another driver only."""
+        for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+            choices = (
+                [request["exactly"]]
+                if "exactly" in request
+                else request.get("firstAvailable") or []
+            )
+            for choice in choices:
+                device_class = self.view.classes.get(choice.get("deviceClassName", ""))
+                drivers = class_drivers(device_class) if device_class else set()
+                if not drivers or self.driver in drivers:
+                    return True
+        return False

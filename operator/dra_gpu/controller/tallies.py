@@ -1,0 +1,249 @@
+"""The controller's cluster-wide numbers, kept up to date from what changed.
+
+Owns the counts behind the gauges — devices and memory of our driver per node (published,
+allocated, free), devices each DeviceClass admits (published, allocated, free), claims by state,
+pools whose slices disagree — and the two pod timings (creation -> claims allocated, creation ->
+Running). Every replica keeps them. Each count is a sum of per-pool contributions: a change to a
+pool's slices, or to the holders of one of its devices, recounts that pool (a few devices), and
+an edited class is recounted over every pool once. What it counts is what
+``inventory.current_pools`` (consistent pools only), ``inventory.per_node`` and the class
+selectors say, so a recount from scratch gives the same numbers (tests compare the two).
+
+Must not: read the API or post anything; it sets gauges and reads the view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dra_gpu import cel, metrics
+from dra_gpu.controller import inventory, selections
+from dra_gpu.controller.selections import Selections
+from dra_gpu.controller.view import Changes, ClusterView, PoolKey
+
+log = logging.getLogger(__name__)
+
+NodeRow = tuple[int, int, int, int]
+"""published, allocated, memory bytes, memory bytes allocated."""
+ClassRow = tuple[int, int, int]
+"""devices of our driver admitted, those allocated, devices of any driver admitted."""
+
+
+def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]:
+    """A DeviceClass's CEL selectors, compiled (once per expression)."""
+    return tuple(
+        cel.compile_selector(str(s["cel"].get("expression", "")))
+        for s in (device_class.get("spec") or {}).get("selectors") or []
+        if "cel" in s
+    )
+
+
+def _timestamp(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class Tally:
+    def __init__(self, driver: str, selections: Selections) -> None:
+        self.driver = driver
+        self.selections = selections
+        self.classes: dict[str, tuple[cel.Compiled, ...]] = {}
+        """Every DeviceClass's compiled selectors."""
+        self.nodes: dict[str, list[int]] = {}
+        """Node -> published, allocated, memory, memory allocated (our driver)."""
+        self.admitted: dict[str, list[int]] = {}
+        """Class -> our devices admitted, allocated; devices of any driver admitted."""
+        self.problems: dict[PoolKey, inventory.PoolProblem] = {}
+        """Pools (every driver) whose slices disagree."""
+        self._pool_nodes: dict[PoolKey, dict[str, NodeRow]] = {}
+        self._pool_classes: dict[PoolKey, dict[str, ClassRow]] = {}
+        self._timed: dict[str, dict[str, str]] = {"allocated": {}, "running": {}}
+
+    # ---- updating ------------------------------------------------------------------------
+
+    def update(self, view: ClusterView, changes: Changes, now: datetime.datetime) -> None:
+        """Take one batch of changes (``ClusterView.take_changes``) and set the gauges."""
+        touched_nodes: set[str] = set()
+        touched_classes: set[str] = set()
+        for name in sorted(changes.classes):
+            touched_classes.add(name)
+            self._recount_class(view, name)
+        pools = set(changes.pools) | {(driver, pool) for driver, pool, _ in changes.held}
+        for key in sorted(pools):
+            nodes, classes = self._recount_pool(view, key)
+            touched_nodes |= nodes
+            touched_classes |= classes
+        self._set_gauges(touched_nodes, touched_classes, view)
+        self._time_pods(view, changes, now)
+
+    def _recount_class(self, view: ClusterView, name: str) -> None:
+        body = view.classes.get(name)
+        for rows in self._pool_classes.values():
+            rows.pop(name, None)
+        if body is None:
+            self.classes.pop(name, None)
+            self.admitted.pop(name, None)
+            return
+        compiled = self.classes[name] = class_selectors(body)
+        totals = [0, 0, 0]
+        for key, pool in view.pools.items():
+            if not pool.consistent:
+                continue
+            row = self._class_row(view, compiled, pool)
+            if any(row):
+                self._pool_classes.setdefault(key, {})[name] = row
+                for i in range(3):
+                    totals[i] += row[i]
+        self.admitted[name] = totals
+
+    def _recount_pool(self, view: ClusterView, key: PoolKey) -> tuple[set[str], set[str]]:
+        """Replace the pool's contributions; returns the nodes and classes whose sums moved."""
+        pool = view.pools.get(key)
+        problem = pool.problem() if pool is not None else None
+        if problem is None:
+            self.problems.pop(key, None)
+        else:
+            self.problems[key] = problem
+        node_rows: dict[str, NodeRow] = {}
+        class_rows: dict[str, ClassRow] = {}
+        if pool is not None and pool.consistent:
+            node_rows = self._node_rows(view, pool)
+            for name, compiled in self.classes.items():
+                row = self._class_row(view, compiled, pool)
+                if any(row):
+                    class_rows[name] = row
+        nodes = self._replace(self.nodes, self._pool_nodes, key, node_rows, 4)
+        classes = self._replace(self.admitted, self._pool_classes, key, class_rows, 3)
+        return nodes, classes
+
+    @staticmethod
+    def _replace(
+        totals: dict[str, list[int]],
+        contributions: dict[PoolKey, dict[str, Any]],
+        key: PoolKey,
+        rows: dict[str, Any],
+        width: int,
+    ) -> set[str]:
+        old = contributions.pop(key, {})
+        if rows:
+            contributions[key] = rows
+        moved = set()
+        for name in set(old) | set(rows):
+            before, after = old.get(name, (0,) * width), rows.get(name, (0,) * width)
+            if before == after:
+                continue
+            total = totals.setdefault(name, [0] * width)
+            for i in range(width):
+                total[i] += after[i] - before[i]
+            moved.add(name)
+        return moved
+
+    def _node_rows(self, view: ClusterView, pool: inventory.Pool) -> dict[str, NodeRow]:
+        rows: dict[str, list[int]] = {}
+        if pool.driver != self.driver:
+            return {}
+        for device in pool.devices:
+            row = rows.setdefault(device.node or "", [0, 0, 0, 0])
+            taken = device.key in view.holders
+            row[0] += 1
+            row[1] += taken
+            row[2] += device.memory_bytes
+            row[3] += device.memory_bytes if taken else 0
+        return {node: (r[0], r[1], r[2], r[3]) for node, r in rows.items()}
+
+    def _class_row(
+        self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool
+    ) -> ClassRow:
+        outcomes = self.selections.outcomes(compiled, pool)
+        ours = pool.driver == self.driver
+        admitted = allocated = anywhere = 0
+        for device, outcome in zip(pool.devices, outcomes, strict=True):
+            if not selections.admits(outcome):
+                continue
+            anywhere += 1
+            if ours:
+                admitted += 1
+                allocated += device.key in view.holders
+        return admitted, allocated, anywhere
+
+    def _set_gauges(self, nodes: Iterable[str], classes: Iterable[str], view: ClusterView) -> None:
+        for node in nodes:
+            published, allocated, memory, memory_allocated = self.nodes[node]
+            if published == 0:  # no device of ours on it any more: drop its series
+                del self.nodes[node]
+                for state in ("published", "allocated", "free"):
+                    _remove(metrics.DEVICES, node, state)
+                    _remove(metrics.MEMORY, node, state)
+                continue
+            metrics.DEVICES.labels(node, "published").set(published)
+            metrics.DEVICES.labels(node, "allocated").set(allocated)
+            metrics.DEVICES.labels(node, "free").set(published - allocated)
+            metrics.MEMORY.labels(node, "published").set(memory)
+            metrics.MEMORY.labels(node, "allocated").set(memory_allocated)
+            metrics.MEMORY.labels(node, "free").set(memory - memory_allocated)
+        for name in classes:
+            counts = self.admitted.get(name)
+            if counts is None:
+                for state in ("published", "allocated", "free"):
+                    _remove(metrics.CLASS_DEVICES, name, state)
+                continue
+            metrics.CLASS_DEVICES.labels(name, "published").set(counts[0])
+            metrics.CLASS_DEVICES.labels(name, "allocated").set(counts[1])
+            metrics.CLASS_DEVICES.labels(name, "free").set(counts[0] - counts[1])
+        for state in ("pending", "allocated", "reserved"):
+            metrics.CLAIMS.labels(state).set(view.claim_states[state])
+        metrics.INCONSISTENT_POOLS.set(sum(p.driver == self.driver for p in self.problems.values()))
+
+    # ---- pod timings -----------------------------------------------------------------------
+
+    def _time_pods(self, view: ClusterView, changes: Changes, now: datetime.datetime) -> None:
+        keys = set(changes.pods)
+        for claim in changes.claims:
+            keys.update(view.pod_keys_of(claim))
+        for key in sorted(keys):
+            pod = view.pods.get(key)
+            for seen in self._timed.values():
+                if seen.get(key) is not None and (pod is None or seen[key] != _uid(pod)):
+                    del seen[key]  # gone, or another pod of that name
+            if pod is None:
+                continue
+            refs = pod["spec"].get("resourceClaims") or []
+            created = _timestamp(pod["metadata"].get("creationTimestamp"))
+            if not refs or created is None:
+                continue
+            uid = _uid(pod)
+            if key not in self._timed["allocated"] and _claims_allocated(view, pod):
+                metrics.POD_CLAIMS_ALLOCATED_SECONDS.observe((now - created).total_seconds())
+                self._timed["allocated"][key] = uid
+            phase = (pod.get("status") or {}).get("phase")
+            if key not in self._timed["running"] and phase == "Running":
+                metrics.POD_RUNNING_SECONDS.observe((now - created).total_seconds())
+                self._timed["running"][key] = uid
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str(pod["metadata"].get("uid", ""))
+
+
+def _claims_allocated(view: ClusterView, pod: Mapping[str, Any]) -> bool:
+    namespace = pod["metadata"]["namespace"]
+    names = {
+        s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names |= {r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []}
+    names.discard(None)
+    wanted = len(pod["spec"].get("resourceClaims") or [])
+    found = [view.claims.get(f"{namespace}/{n}") for n in names]
+    allocated = [c for c in found if c and c.get("status", {}).get("allocation")]
+    return len(allocated) >= wanted
+
+
+def _remove(gauge: Any, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set
+        gauge.remove(*labels)
