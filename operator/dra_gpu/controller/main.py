@@ -433,7 +433,7 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
                         standalone=True,
                         # Ours, not Kopf's guess: that asks the passwd database for the user,
                         # and an image's uid (65532) has no entry there — a crash at start.
-                        identity=controller.identity,  # type: ignore[arg-type]
+                        identity=controller.leader.identity,  # type: ignore[arg-type]
                         stop_flag=kopf_stop,
                     ),
                     name="kopf",
