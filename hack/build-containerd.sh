@@ -7,9 +7,10 @@
 # hack/build-images.sh). Prints the output directory on the last line of stdout; logs go to
 # stderr. Reuses the cache when its stamp matches. See shared/reference/real-node.md.
 #
-# Debian bookworm's own containerd is 1.6 (no CDI), hence the build. Measured on 2 cores:
-# cold build (empty Go build cache, modules already downloaded) 199 s, of which the shim takes
-# 24 s; a re-run with a matching stamp returns at once.
+# Debian bookworm's own containerd is 1.6 (no CDI), hence the build. Measured on 2 cores (with
+# other jobs running): cold build (empty Go build cache, modules already downloaded) 159 s,
+# nearly all of it containerd + ctr (the shim then takes ~1 s); binaries 72 MB; a re-run with a
+# matching stamp returns in 0.05 s.
 set -euo pipefail
 
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.2.9}"
