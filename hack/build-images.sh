@@ -40,7 +40,7 @@ if ((${#debs[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${debs[@]}" >&2
   }
 fi
-busybox=$(dpkg -L busybox-static | grep -m1 '/bin/busybox$')
+busybox=$(dpkg -L busybox-static | grep '/bin/busybox$')
 
 mkdir -p "$CACHE_ROOT/images"
 # One build at a time (test workers may call this together); the lock goes with the process.

@@ -30,8 +30,11 @@ if [[ "${1:-}" != --inner ]]; then
   if grep -F "$tmp" /proc/self/mountinfo >&2; then
     log "FAIL: mounts under $tmp are left (above)"; rc=1
   fi
+  # Shims exit shortly after their task is deleted.
+  for _ in $(seq 50); do pgrep -f -- "$tmp" >/dev/null || break; sleep 0.1; done
   if left=$(pgrep -f -- "$tmp"); then
-    log "FAIL: processes left: $(echo "$left" | tr '\n' ' ')"; rc=1
+    log "FAIL: processes left (killing them): $(echo "$left" | tr '\n' ' ')"; rc=1
+    for pid in $left; do kill -KILL "$pid" 2>/dev/null || true; done
   else
     log "removing $tmp"
     rm -rf "$tmp"
@@ -63,10 +66,17 @@ EOF
 containerd --config "$tmp/config.toml" >"$tmp/containerd.log" 2>&1 &
 cpid=$!
 stop() {
-  if kill -0 "$cpid" 2>/dev/null; then
-    kill -TERM "$cpid"
-    wait "$cpid" || true
-  fi
+  # Tasks still there (a failed check) are killed first: their shims would outlive containerd.
+  local id
+  kill -0 "$cpid" 2>/dev/null || return 0
+  for id in $(ctr task ls -q); do
+    ctr task kill --signal SIGKILL "$id" || true
+    ctr task delete --force "$id" >/dev/null || true
+  done
+  for id in $(ctr containers ls -q); do ctr containers delete "$id" || true; done
+  for id in $(jobs -p); do [[ $id == "$cpid" ]] || kill "$id" 2>/dev/null || true; done
+  kill -TERM "$cpid"
+  wait || true
 }
 trap 'stop; [[ $ok == 1 ]] || tail -n 30 "$tmp/containerd.log" >&2' EXIT
 ok=0
