@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -60,6 +61,18 @@ def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
     return drivers
 
 
+@dataclasses.dataclass(frozen=True)
+class _Done:
+    """A claim's explanation, and the inputs it was worked out from."""
+
+    key: str
+    inputs: tuple[Any, ...]
+    uid: str
+    waiting: list[dict[str, Any]]
+    result: explain.Explanation | None
+    """None: the claim's classes all belong to other drivers."""
+
+
 class Explainer:
     def __init__(
         self, view: ClusterView, reporter: Reporter, driver: str, selections: Selections
@@ -75,7 +88,9 @@ class Explainer:
         self._counts: dict[str, list[int]] = {}  # class -> candidates, node-independent ones
         self._pool_counts: dict[PoolKey, dict[str, tuple[int, int]]] = {}
         self._layout: explain.Layout | None = None
-        self._done: dict[str, tuple[tuple[Any, ...], str, bool]] = {}
+        self._world: tuple[int, explain.World] | None = None  # and the generation it saw
+        self._done: dict[str, _Done] = {}
+        self._clean_at: int | None = None
 
     # ---- what changed ----------------------------------------------------------------------
 
@@ -99,6 +114,7 @@ class Explainer:
     def restart(self) -> None:
         """Explain every pending claim again on the next pass (this replica now leads)."""
         self._done.clear()
+        self._clean_at = None
 
     def _recount_class(self, name: str) -> None:
         self.epochs[name] += 1
@@ -204,49 +220,70 @@ class Explainer:
                 tuple(self.epochs[n] for n in explain.class_names(claim)),
             )
             done = self._done.get(key)
-            if done is None or done[0] != inputs:
+            if done is None or done.inputs != inputs:
                 found.append((key, waiting, inputs))
         for key in set(self._done) - waiting_keys:
             del self._done[key]
         return found
 
+    def last(self, key: str) -> explain.Explanation | None:
+        """The explanation last worked out for a pending claim (None: none, or not ours)."""
+        done = self._done.get(key)
+        return done.result if done is not None else None
+
+    def refresh(self) -> int:
+        """Work out every stale explanation now, without reporting; returns how many."""
+        results = [self._explain(*entry) for entry in self.stale()]
+        for result in results:
+            self._done[result.key] = result
+        self._clean_at = self.view.generation
+        return len(results)
+
     async def explain_pending(self) -> None:
         """Explain the stale claims and report those with a missing piece; forget, in the
         Reporter, claims no longer pending (explained anew if they are again)."""
         view = self.view
+        if self._clean_at == view.generation:
+            return  # nothing changed since every explanation was last worked out
         stale = self.stale()
         generation = view.generation
-        world: explain.World | None = None
-        results = []
+        results: list[_Done] = []
         left = len(stale)
-        for count, (key, waiting, inputs) in enumerate(stale):
+        for count, entry in enumerate(stale):
             if count and count % BATCH == 0:
                 await asyncio.sleep(0)  # let watch events and /metrics in
                 if view.generation != generation:
                     break  # the rest, with what just changed, in the next pass
             left -= 1
-            claim = view.claims[key]
-            uid = str(claim["metadata"].get("uid", ""))
-            if not self._concerns_us(claim):
-                self._done[key] = (inputs, uid, False)
-                continue
-            world = world or self.world()
-            result = explain.explain(
-                claim, world, classes=view.classes, pod=waiting[0], detail=False
-            )
-            self.explained += 1
-            results.append((key, claim, waiting, inputs, result))
-        for key, claim, waiting, inputs, result in results:
-            if result.missing:
-                await self.reporter.report(claim, waiting, str(result.reason), result.message)
-            self._done[key] = (inputs, str(claim["metadata"].get("uid", "")), True)
+            results.append(self._explain(*entry))
+        for done in results:
+            result = done.result
+            if result is not None and result.missing:
+                claim = view.claims[done.key]
+                await self.reporter.report(claim, done.waiting, str(result.reason), result.message)
+            self._done[done.key] = done  # reported (or not due): not again for these inputs
         if left:
             log.debug("explained %d claims; %d wait for the next pass", len(results), left)
+        else:
+            self._clean_at = generation
         # Claims still pending and ours, whether explained now or before; and those not reached.
-        keep = {uid for _, uid, ours in self._done.values() if ours}
+        keep = {d.uid for d in self._done.values() if d.result is not None}
         not_reached = stale[len(stale) - left :]
         keep |= {str(view.claims[k]["metadata"].get("uid", "")) for k, _, _ in not_reached}
         self.reporter.keep_only(keep)
+
+    def _explain(self, key: str, waiting: list[dict[str, Any]], inputs: tuple[Any, ...]) -> _Done:
+        claim = self.view.claims[key]
+        uid = str(claim["metadata"].get("uid", ""))
+        if not self._concerns_us(claim):
+            return _Done(key, inputs, uid, waiting, None)
+        if self._world is None or self._world[0] != self.view.generation:
+            self._world = (self.view.generation, self.world())
+        result = explain.explain(
+            claim, self._world[1], classes=self.view.classes, pod=waiting[0], detail=False
+        )
+        self.explained += 1
+        return _Done(key, inputs, uid, waiting, result)
 
     def _concerns_us(self, claim: Mapping[str, Any]) -> bool:
         """False when every request's class exists and selects another driver only."""

@@ -1,0 +1,564 @@
+"""The controller's incremental view equals a full recompute, after any sequence of changes.
+
+Random creates, updates and deletes of slices, classes, claims, pods and nodes go through the
+view as watch events would; after each batch the controller's parts take the batch's changes
+(``Tally.update``, ``Explainer.note``, ``Explainer.refresh``) and what they hold — every gauge's
+count, every pending claim's explanation — is compared with what the pure functions compute
+from all the objects at once (``inventory.current_pools``, ``per_node``, ``explain_claim``).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import re
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dra_gpu import cel
+from dra_gpu.controller import explain, inventory
+from dra_gpu.controller.explaining import Explainer
+from dra_gpu.controller.reporter import Reporter
+from dra_gpu.controller.selections import Selections
+from dra_gpu.controller.tallies import Tally
+from dra_gpu.controller.view import ClusterView
+
+DRIVER = "gpu.example.com"
+OTHER = "nic.example.com"
+NODES = ["node-0", "node-1", "node-2", "node-3"]
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+Body = dict[str, Any]
+
+SELECTORS = [
+    f'device.driver == "{DRIVER}"',
+    f'device.driver == "{OTHER}"',
+    f'device.capacity["{DRIVER}"].memory.compareTo(quantity("24Gi")) >= 0',
+    f'device.attributes["{DRIVER}"].product == "A"',
+    f'device.attributes["{DRIVER}"].nope == 1',  # an error on every device
+    "device.(",  # does not compile
+    f'"product" in device.attributes["{DRIVER}"]',  # not cacheable by keys
+]
+
+# --- random objects --------------------------------------------------------------------------
+
+names = st.sampled_from
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> Body:
+    spec: Body = {}
+    if draw(st.booleans()):
+        spec["unschedulable"] = True
+    if draw(st.booleans()):
+        spec["taints"] = [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]
+    return {
+        "metadata": {"name": draw(names(NODES)), "labels": {"zone": draw(names(["a", "b"]))}},
+        "spec": spec,
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": draw(names(["True", "False"])),
+                    "hb": draw(st.integers(0, 3)),
+                }
+            ]
+        },
+    }
+
+
+@st.composite
+def slices(draw: st.DrawFn) -> Body:
+    driver = draw(names([DRIVER, DRIVER, OTHER]))
+    node = draw(names([*NODES, None]))
+    devices = []
+    for name in draw(st.lists(names(["gpu-0", "gpu-1", "gpu-2"]), max_size=3, unique=True)):
+        device: Body = {"name": name}
+        memory = draw(names(["8Gi", "24Gi", "80Gi", None, "bad"]))
+        if memory is not None:
+            device["capacity"] = {"memory": {"value": memory}}
+        product = draw(names(["A", "B", None]))
+        if product is not None:
+            device["attributes"] = {"product": {"string": product}}
+        devices.append(device)
+    spec: Body = {
+        "driver": driver,
+        "pool": {
+            "name": draw(names(["pool-a", "pool-b", node or "pool-c"])),
+            "generation": draw(st.integers(1, 2)),
+            "resourceSliceCount": draw(st.integers(1, 2)),
+        },
+        "devices": devices,
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    return {
+        "metadata": {
+            "name": draw(names(["s-0", "s-1", "s-2", "s-3", "s-4"])),
+            "uid": "u",
+            "labels": {"app.kubernetes.io/managed-by": "dra-gpu"},
+        },
+        "spec": spec,
+    }
+
+
+@st.composite
+def classes(draw: st.DrawFn) -> Body:
+    chosen = draw(st.lists(names(SELECTORS), max_size=2))
+    return {
+        "metadata": {"name": draw(names(["c-0", "c-1", "c-2"]))},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in chosen]},
+    }
+
+
+@st.composite
+def exact_requests(draw: st.DrawFn) -> Body:
+    request: Body = {"deviceClassName": draw(names(["c-0", "c-1", "c-2", "c-missing"]))}
+    if draw(st.booleans()):
+        request["count"] = draw(st.integers(1, 3))
+    if draw(st.integers(0, 5)) == 0:
+        request["allocationMode"] = "All"
+    if draw(st.booleans()):
+        request["selectors"] = [{"cel": {"expression": draw(names(SELECTORS[2:]))}}]
+    return request
+
+
+@st.composite
+def claims(draw: st.DrawFn) -> Body:
+    requests = []
+    for i in range(draw(st.integers(0, 2))):
+        if draw(st.integers(0, 3)) == 0:
+            subs = [{"name": f"s{j}", **draw(exact_requests())} for j in range(2)]
+            requests.append({"name": f"r{i}", "firstAvailable": subs})
+        else:
+            requests.append({"name": f"r{i}", "exactly": draw(exact_requests())})
+    name = draw(names(["k-0", "k-1", "k-2"]))
+    body: Body = {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "uid": f"uid-{name}-{draw(st.integers(0, 1))}",
+            "resourceVersion": str(draw(st.integers(1, 9))),
+        },
+        "spec": {"devices": {"requests": requests}},
+        "status": {},
+    }
+    if draw(st.integers(0, 7)) == 0:
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if draw(st.integers(0, 2)) == 0:
+        results = [
+            {
+                "request": "r0",
+                "driver": draw(names([DRIVER, OTHER])),
+                "pool": draw(names(["pool-a", *NODES])),
+                "device": draw(names(["gpu-0", "gpu-1", "gpu-2"])),
+                **({"adminAccess": True} if draw(st.integers(0, 4)) == 0 else {}),
+            }
+            for _ in range(draw(st.integers(1, 2)))
+        ]
+        body["status"]["allocation"] = {"devices": {"results": results}}
+        if draw(st.booleans()):
+            body["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "x"}]
+    if draw(st.booleans()):
+        body["status"]["devices"] = [
+            {"driver": DRIVER, "pool": "pool-a", "device": "gpu-0", "data": {}}
+        ]
+    return body
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> Body:
+    claim = draw(names(["k-0", "k-1", "k-2"]))
+    spec: Body = {"containers": [{"name": "c"}]}
+    status: Body = {"phase": draw(names(["Pending", "Running"]))}
+    if draw(st.integers(0, 3)):
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    else:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+        if draw(st.booleans()):
+            status["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
+    if draw(st.integers(0, 4)) == 0:
+        spec["nodeName"] = draw(names(NODES))
+    if draw(st.booleans()):
+        spec["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    if draw(st.booleans()):
+        spec["nodeSelector"] = {"zone": draw(names(["a", "b"]))}
+    if draw(st.integers(0, 7)) == 0:
+        spec.pop("resourceClaims")  # a pod that uses no claim
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": draw(names(["p-0", "p-1", "p-2"])),
+            "uid": f"pod-{draw(st.integers(0, 1))}",
+            "creationTimestamp": "2025-12-31T23:59:00Z",
+        },
+        "spec": spec,
+        "status": status,
+    }
+
+
+KINDS = {
+    "Node": nodes(),
+    "ResourceSlice": slices(),
+    "DeviceClass": classes(),
+    "ResourceClaim": claims(),
+    "Pod": pods(),
+}
+
+
+@st.composite
+def events(draw: st.DrawFn) -> tuple[str, str | None, Body]:
+    kind = draw(
+        names(
+            ["Node", "ResourceSlice", "ResourceSlice", "DeviceClass", *["ResourceClaim", "Pod"] * 3]
+        )
+    )
+    body = draw(KINDS[kind])
+    return kind, draw(names(["ADDED", "MODIFIED", "DELETED", None])), body
+
+
+def base() -> list[tuple[str, str | None, Body]]:
+    """A cluster to start from: four Ready nodes with a pool each, two classes."""
+    found: list[tuple[str, str | None, Body]] = []
+    for i, node in enumerate(NODES):
+        found.append(
+            (
+                "Node",
+                "ADDED",
+                {
+                    "metadata": {"name": node, "labels": {"zone": "ab"[i % 2]}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                },
+            )
+        )
+        found.append(
+            (
+                "ResourceSlice",
+                "ADDED",
+                {
+                    "metadata": {"name": f"base-{node}"},
+                    "spec": {
+                        "driver": DRIVER,
+                        "nodeName": node,
+                        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                        "devices": [
+                            {
+                                "name": f"gpu-{d}",
+                                "capacity": {"memory": {"value": m}},
+                                "attributes": {"product": {"string": p}},
+                            }
+                            for d, (m, p) in enumerate([("24Gi", "A"), ("8Gi", "B"), ("80Gi", "A")])
+                        ],
+                    },
+                },
+            )
+        )
+    for name, expression in (("c-0", SELECTORS[0]), ("c-1", SELECTORS[3])):
+        found.append(
+            (
+                "DeviceClass",
+                "ADDED",
+                {
+                    "metadata": {"name": name},
+                    "spec": {"selectors": [{"cel": {"expression": expression}}]},
+                },
+            )
+        )
+    return found
+
+
+# --- the full recompute ------------------------------------------------------------------------
+
+
+def key_of(body: Body) -> str:
+    meta = body["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+
+def admits(device_class: Body, device: inventory.PublishedDevice) -> bool:
+    for selector in device_class.get("spec", {}).get("selectors") or []:
+        compiled = cel.compile_selector(selector["cel"]["expression"])
+        if compiled.error or not cel.evaluate(compiled, device.driver, device.body).matched:
+            return False
+    return True
+
+
+def concerns_us(claim: Body, classes: dict[str, Body]) -> bool:
+    for request in claim["spec"]["devices"]["requests"]:
+        choices = [request["exactly"]] if "exactly" in request else request["firstAvailable"]
+        for choice in choices:
+            device_class = classes.get(choice["deviceClassName"])
+            drivers: set[str] = set()
+            for s in (device_class or {}).get("spec", {}).get("selectors") or []:
+                drivers |= set(
+                    re.findall(r'device\.driver\s*==\s*"([^"]+)"', s["cel"]["expression"])
+                )
+            if not drivers or DRIVER in drivers:
+                return True
+    return False
+
+
+def waiting_pods(claim: Body, pods: dict[str, Body]) -> list[Body]:
+    found = []
+    for _, pod in sorted(pods.items()):
+        used = {r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []}
+        used |= {
+            s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses") or []
+        }
+        if claim["metadata"]["name"] in used and not pod["spec"].get("nodeName"):
+            found.append(pod)
+    return found
+
+
+def without_devices(explanation: explain.Explanation) -> explain.Explanation:
+    def strip(r: explain.RequestExplanation) -> explain.RequestExplanation:
+        subs = tuple(strip(s) for s in r.subrequests)
+        return explain.dataclasses.replace(r, devices=(), subrequests=subs)
+
+    return explain.dataclasses.replace(
+        explanation, requests=tuple(strip(r) for r in explanation.requests)
+    )
+
+
+class Cluster:
+    """The objects as the API server has them, and the controller's parts fed from them."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Body]] = {kind: {} for kind in KINDS}
+        self.view = ClusterView(pods_without_claims=False)
+        self.selections = Selections()
+        self.tally = Tally(DRIVER, self.selections)
+        self.explainer = Explainer(self.view, Reporter(None, "test"), DRIVER, self.selections)  # type: ignore[arg-type]
+
+    def apply(self, kind: str, event_type: str | None, body: Body) -> None:
+        store = self.objects[kind]
+        if event_type == "DELETED":
+            store.pop(key_of(body), None)
+        else:
+            store[key_of(body)] = body
+        self.view.apply(kind, event_type, body)
+
+    def reconcile(self) -> None:
+        changes = self.view.take_changes()
+        self.tally.update(self.view, changes, NOW)
+        self.explainer.note(changes)
+        self.explainer.refresh()
+
+    def check(self) -> None:
+        slices, claims = list(self.objects["ResourceSlice"].values()), self.objects["ResourceClaim"]
+        classes, nodes = self.objects["DeviceClass"], self.objects["Node"]
+        devices, problems = inventory.current_pools(slices)
+        held = inventory.allocated(claims.values())
+        expected_nodes = {
+            node: (c.published, c.allocated, c.memory, c.memory_allocated)
+            for node, c in inventory.per_node(devices, held, DRIVER).items()
+        }
+        assert {n: tuple(v) for n, v in self.tally.nodes.items() if v[0]} == expected_nodes
+        for name, device_class in classes.items():
+            admitted = [d for d in devices if admits(device_class, d)]
+            ours = [d for d in admitted if d.driver == DRIVER]
+            taken = sum(d.key in held for d in ours)
+            assert self.tally.admitted[name] == [len(ours), taken, len(admitted)], name
+        assert set(self.tally.admitted) == set(classes)
+        states = collections.Counter(inventory.claim_state(c) for c in claims.values())
+        assert {s: self.view.claim_states[s] for s in states} == states
+        assert {(p.driver, p.pool): p.message for p in problems} == {
+            k: p.message for k, p in self.tally.problems.items()
+        }
+        for key, claim in sorted(claims.items()):
+            waiting = waiting_pods(claim, self.objects["Pod"])
+            if claim["status"].get("allocation") or not waiting:
+                continue
+            got = self.explainer.last(key)
+            if not concerns_us(claim, classes):
+                assert got is None
+                continue
+            expected = explain.explain_claim(
+                claim,
+                pod=waiting[0],
+                classes=classes,
+                slices=slices,
+                claims=list(claims.values()),
+                nodes=nodes,
+            )
+            assert got == without_devices(expected), key
+            detailed = explain.explain(
+                claim, self.explainer.world(), classes=classes, pod=waiting[0]
+            )
+            assert detailed == expected, key
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(st.lists(events(), min_size=1, max_size=4), min_size=1, max_size=15))
+def test_incremental_view_equals_a_full_recompute(
+    batches: list[list[tuple[str, str | None, Body]]],
+) -> None:
+    cluster = Cluster()
+    for batch in [base(), *batches]:
+        for kind, event_type, body in batch:
+            cluster.apply(kind, event_type, body)
+        cluster.reconcile()
+        cluster.check()
+
+
+# --- what is explained again ------------------------------------------------------------------
+
+
+def pending(name: str, device_class: str, count: int) -> Body:
+    request = {"deviceClassName": device_class, "count": count}
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+        "status": {},
+    }
+
+
+def waiting(name: str, claim: str) -> Body:
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def allocated(name: str, node: str, device: str) -> Body:
+    claim = pending(name, "c-0", 1)
+    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return claim
+
+
+def product_classes() -> list[tuple[str, str | None, Body]]:
+    """c-0 admits product A (gpu-0, gpu-2 of each node), c-1 product B (gpu-1)."""
+    return [
+        (
+            "DeviceClass",
+            "MODIFIED",
+            {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": e}}]}},
+        )
+        for name, e in (
+            ("c-0", f'device.attributes["{DRIVER}"].product == "A"'),
+            ("c-1", f'device.attributes["{DRIVER}"].product == "B"'),
+        )
+    ]
+
+
+def queue() -> Cluster:
+    """The base cluster with a claim of each class that no node can satisfy, pods waiting."""
+    cluster = Cluster()
+    for event in [
+        *base(),
+        *product_classes(),
+        ("ResourceClaim", "ADDED", pending("wants-a", "c-0", 3)),
+        ("Pod", "ADDED", waiting("pod-a", "wants-a")),
+        ("ResourceClaim", "ADDED", pending("wants-b", "c-1", 2)),
+        ("Pod", "ADDED", waiting("pod-b", "wants-b")),
+    ]:
+        cluster.apply(*event)
+    cluster.reconcile()
+    cluster.check()
+    return cluster
+
+
+def explained_after(cluster: Cluster, *events: tuple[str, str | None, Body]) -> int:
+    before = cluster.explainer.explained
+    for event in events:
+        cluster.apply(*event)
+    cluster.reconcile()
+    cluster.check()
+    return cluster.explainer.explained - before
+
+
+def test_a_device_taken_re_explains_only_the_claims_whose_class_admits_it() -> None:
+    cluster = queue()
+    assert cluster.explainer.explained == 2
+    message = cluster.explainer.last("ns/wants-b").message  # type: ignore[union-attr]
+    assert message.startswith("request gpu: needs 2 devices on one node, at most 1 available")
+    assert (
+        explained_after(cluster, ("ResourceClaim", "ADDED", allocated("x", "node-0", "gpu-1"))) == 1
+    )
+    assert "node-0/gpu-1 is allocated to ns/x" in cluster.explainer.last("ns/wants-b").message  # type: ignore[union-attr]
+    assert (
+        explained_after(cluster, ("ResourceClaim", "DELETED", allocated("x", "node-0", "gpu-1")))
+        == 1
+    )
+    assert (
+        explained_after(cluster, ("ResourceClaim", "ADDED", allocated("y", "node-1", "gpu-0"))) == 1
+    )
+    assert "node-1/gpu-0 is allocated to ns/y" in cluster.explainer.last("ns/wants-a").message  # type: ignore[union-attr]
+
+
+def test_changes_no_claim_reads_explain_nothing() -> None:
+    cluster = queue()
+    other_pod = waiting("web", "nothing")
+    other_pod["spec"].pop("resourceClaims")
+    node = base()[0][2]
+    heartbeat = {
+        **node,
+        "status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "now"}]},
+    }
+    assert explained_after(cluster, ("Pod", "ADDED", other_pod)) == 0
+    assert explained_after(cluster, ("Node", "MODIFIED", heartbeat)) == 0
+    assert explained_after(cluster) == 0
+    bound = waiting("bound", "wants-a")
+    bound["spec"]["nodeName"] = "node-3"
+    assert explained_after(cluster, ("Pod", "ADDED", bound)) == 1  # a pod of wants-a
+
+
+def test_a_node_that_stops_being_ready_re_explains_the_claims_with_devices_on_it() -> None:
+    cluster = queue()
+    node = base()[0][2]
+    not_ready = {**node, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    assert explained_after(cluster, ("Node", "MODIFIED", not_ready)) == 2
+    assert "node node-0 is not Ready" in cluster.explainer.last("ns/wants-a").message  # type: ignore[union-attr]
+
+
+def test_claims_alike_share_one_check_per_pass() -> None:
+    cluster = queue()
+    events: list[tuple[str, str | None, Body]] = []
+    for i in range(20):
+        events.append(("ResourceClaim", "ADDED", pending(f"more-{i}", "c-0", 3)))
+        events.append(("Pod", "ADDED", waiting(f"more-pod-{i}", f"more-{i}")))
+    assert explained_after(cluster, *events) == 20
+    world = cluster.explainer._world
+    assert world is not None
+    assert len(world[1]._requests) == 1
+
+
+def test_a_class_without_devices_is_explained_again_when_any_pool_changes() -> None:
+    cluster = queue()
+    none = {
+        "metadata": {"name": "c-2"},
+        "spec": {
+            "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].product == "C"'}}]
+        },
+    }
+    assert (
+        explained_after(
+            cluster,
+            ("DeviceClass", "ADDED", none),
+            ("ResourceClaim", "ADDED", pending("wants-c", "c-2", 1)),
+            ("Pod", "ADDED", waiting("pod-c", "wants-c")),
+        )
+        == 1
+    )
+    assert "and 9 more are of other classes" in cluster.explainer.last("ns/wants-c").message  # type: ignore[union-attr]
+    extra = base()[1][2]
+    extra = {
+        **extra,
+        "metadata": {"name": "extra"},
+        "spec": {
+            **extra["spec"],
+            "pool": {"name": "extra", "generation": 1, "resourceSliceCount": 1},
+        },
+    }
+    # Its devices are of c-0 and c-1, and c-2's message counts them among the others.
+    assert explained_after(cluster, ("ResourceSlice", "ADDED", extra)) == 3
+    assert "and 12 more are of other classes" in cluster.explainer.last("ns/wants-c").message  # type: ignore[union-attr]
