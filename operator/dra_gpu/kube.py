@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -240,7 +239,9 @@ class Kube:
         failed attempt, with the address and the reason, which ``on_attempt`` also gets (for
         a readiness probe). False when ``stopping`` is set first. ``Refused`` is raised:
         waiting does not fix credentials."""
-        for attempt in itertools.count(1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 await self.probe()
             except Unreachable as exc:
@@ -254,7 +255,6 @@ class Kube:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), delay)
                 return False
-        raise AssertionError("unreachable")  # pragma: no cover (itertools.count never ends)
 
     def unreachable(self, exc: BaseException, timeout: float | None = None) -> Unreachable:
         """The ``Unreachable`` for a request that got no answer, in words."""
