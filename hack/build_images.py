@@ -20,6 +20,8 @@ prints that directory as the last line of stdout (logs go to stderr):
 - ``pause.tar``: ``registry.k8s.io/pause:3.10.1``, hack/pause (static Go), the sandbox image.
 - ``workload.tar``: ``dra-gpu.local/workload:1``, Debian's static busybox with its applet links,
   for demo and test pods (``sh -c 'env; sleep 3600'``, ``cat``).
+- ``tutorial-workload.tar``: the same busybox under the tutorial's image name
+  (``ghcr.io/iximiuz/labs/nginx:alpine``; no registry here): prints its environment, serves HTTP.
 
 Needs root when it builds (mmdebstrap, overlay mounts, chroot); it re-executes itself in a
 private mount namespace, so every mount it makes goes away with it.
@@ -78,6 +80,11 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_SECURITY = "http://deb.debian.org/debian-security"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
 WORKLOAD_IMAGE = "dra-gpu.local/workload:1"
+TUTORIAL_IMAGE = "ghcr.io/iximiuz/labs/nginx:alpine"  # crds-examples/recomendador.yaml
+TUTORIAL_COMMAND = (
+    "env | sort; mkdir -p /tmp/www && echo ok > /tmp/www/index.html && "
+    "exec httpd -f -p 80 -h /tmp/www"
+)
 # Layer mtimes are clamped to this (and pip/py_compile see it as SOURCE_DATE_EPOCH, which makes
 # every .pyc hash-checked, so the clamping cannot make them stale): 2025-01-01T00:00:00Z.
 DEFAULT_EPOCH = 1735689600
@@ -530,6 +537,14 @@ def main() -> int:
             WORKLOAD_IMAGE,
             [workload],
             {"Env": path_env, "Cmd": ["sh"], "WorkingDir": "/"},
+        ),
+        # The tutorial's Deployment names its image, and no registry is reachable: this one
+        # stands in under that name, prints its environment (the GPU a claim gave it) and then
+        # serves HTTP on port 80, as the nginx it replaces would.
+        "tutorial-workload.tar": (
+            TUTORIAL_IMAGE,
+            [workload],
+            {"Env": path_env, "Cmd": ["sh", "-c", TUTORIAL_COMMAND], "WorkingDir": "/"},
         ),
     }
     for name, (ref, layers, config) in images.items():

@@ -6,7 +6,6 @@ test. A failed test prints the pods, claims, slices and events it saw, so a red 
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -65,36 +64,8 @@ def kubectl(control_plane: ControlPlane) -> Kubectl:
 async def namespace(
     request: pytest.FixtureRequest, api: kube.Kube, kubectl: Kubectl
 ) -> AsyncIterator[str]:
-    name = f"t-{secrets.token_hex(3)}"
-    await api.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    # Pods are rejected until the controller-manager created the default ServiceAccount.
-    await eventually(
-        lambda: helpers.exists(api, f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        what=f"ServiceAccount {name}/default",
-    )
-    yield name
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        print(f"\n===== diagnostics for namespace {name} =====")
-        for args in (
-            ("get", "pods,resourceclaims,resourceclaimtemplates", "-n", name, "-o", "wide"),
-            ("get", "deviceclasses,resourceslices", "-o", "wide"),
-            ("get", "events", "-n", name, "--sort-by=.lastTimestamp"),
-            ("get", "resourceclaims", "-n", name, "-o", "yaml"),
-        ):
-            try:
-                print(f"$ kubectl {' '.join(args)}\n{await kubectl(*args)}")
-            except AssertionError as exc:
-                print(exc)
-    await api.delete(f"/api/v1/namespaces/{name}")
-    # Wait until it is gone: its claims hold devices that the next test may need.
-    await eventually(
-        lambda: _gone(api, f"/api/v1/namespaces/{name}"), timeout=120, what=f"namespace {name} gone"
-    )
-
-
-async def _gone(api: kube.Kube, path: str) -> bool:
-    return not await helpers.exists(api, path)
+    async with helpers.isolated_namespace(request, api, kubectl) as name:
+        yield name
 
 
 @pytest_asyncio.fixture(scope="session")

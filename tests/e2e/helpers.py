@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import pytest
+
 from dra_gpu import kube, slices
-from dra_gpu.testing import AgentProcess, ControlPlane, DraSettings, KubeletStandIn
+from dra_gpu.testing import AgentProcess, ControlPlane, DraSettings, KubeletStandIn, eventually
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 
@@ -130,3 +133,63 @@ async def gpu_nodes(
             if item["spec"].get("nodeName") in names:
                 await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
         await api.delete(f"{RESOURCE}/deviceclasses/{device_class}")
+
+
+@contextlib.asynccontextmanager
+async def isolated_namespace(
+    request: pytest.FixtureRequest, api: kube.Kube, kubectl: Kubectl
+) -> AsyncIterator[str]:
+    """A namespace of one test; a failed test prints the pods, claims, slices and events it
+    saw, so a red CI run says why. Gone (with its claims) before the next test starts."""
+    name = f"t-{secrets.token_hex(3)}"
+    await api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    # Pods are rejected until the controller-manager created the default ServiceAccount.
+    await eventually(
+        lambda: exists(api, f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        what=f"ServiceAccount {name}/default",
+    )
+    yield name
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(f"\n===== diagnostics for namespace {name} =====")
+        for args in (
+            ("get", "pods,resourceclaims,resourceclaimtemplates", "-n", name, "-o", "wide"),
+            ("get", "deviceclasses,resourceslices", "-o", "wide"),
+            ("get", "events", "-n", name, "--sort-by=.lastTimestamp"),
+            ("get", "resourceclaims", "-n", name, "-o", "yaml"),
+        ):
+            try:
+                print(f"$ kubectl {' '.join(args)}\n{await kubectl(*args)}")
+            except AssertionError as exc:
+                print(exc)
+    await api.delete(f"/api/v1/namespaces/{name}")
+
+    async def gone() -> bool:
+        return not await exists(api, f"/api/v1/namespaces/{name}")
+
+    # Wait until it is gone: its claims hold devices that the next test may need.
+    await eventually(gone, timeout=120, what=f"namespace {name} gone")
+
+
+class Helm:
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.binary = str(control_plane.binary("helm"))
+        self.env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
+
+    async def run(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            self.binary,
+            *args,
+            env=self.env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    async def __call__(self, *args: str) -> str:
+        code, out, err = await self.run(*args)
+        assert code == 0, f"helm {' '.join(args)} failed: {err}"
+        return out

@@ -1,4 +1,4 @@
-"""The Helm chart on the real API server: what it renders is valid Kubernetes 1.34, it installs,
+"""The Helm chart on the real API server: what it renders is valid Kubernetes, it installs,
 its service accounts can do what the code needs and no more, the admission policy keeps each
 agent to its own node's ResourceSlices, and upgrade and uninstall leave nothing behind.
 
@@ -38,30 +38,6 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 NOT_SERVED = {"ServiceMonitor", "PodMonitor"}
 
 
-class Helm:
-    def __init__(self, control_plane: ControlPlane) -> None:
-        self.binary = str(control_plane.binary("helm"))
-        self.env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
-
-    async def run(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            self.binary,
-            *args,
-            env=self.env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
-
-    async def __call__(self, *args: str) -> str:
-        code, out, err = await self.run(*args)
-        assert code == 0, f"helm {' '.join(args)} failed: {err}"
-        return out
-
-
 class Identity:
     """Plain HTTPS with one bearer token: the API server sees exactly this token's user."""
 
@@ -87,8 +63,8 @@ class Identity:
 
 
 @pytest.fixture(scope="module")
-def helm(control_plane: ControlPlane) -> Helm:
-    return Helm(control_plane)
+def helm(control_plane: ControlPlane) -> helpers.Helm:
+    return helpers.Helm(control_plane)
 
 
 async def apply_dry_run(control_plane: ControlPlane, namespace: str, manifests: str) -> str:
@@ -112,7 +88,7 @@ async def apply_dry_run(control_plane: ControlPlane, namespace: str, manifests: 
 
 @pytest.mark.parametrize("values", [None, FULL_VALUES], ids=["default-values", "full-values"])
 async def test_rendered_chart_is_accepted_by_the_api_server(
-    control_plane: ControlPlane, helm: Helm, namespace: str, values: Path | None
+    control_plane: ControlPlane, helm: helpers.Helm, namespace: str, values: Path | None
 ) -> None:
     extra = ["--values", str(values)] if values else []
     rendered = await helm("template", "rel", str(CHART), "--namespace", namespace, *extra)
@@ -123,7 +99,9 @@ async def test_rendered_chart_is_accepted_by_the_api_server(
     assert out.count("(server dry run)") == len(served), out
 
 
-async def test_bad_values_stop_the_install_naming_the_key(helm: Helm, namespace: str) -> None:
+async def test_bad_values_stop_the_install_naming_the_key(
+    helm: helpers.Helm, namespace: str
+) -> None:
     code, _, err = await helm.run(
         "install",
         f"bad-{secrets.token_hex(3)}",
@@ -151,7 +129,7 @@ class Release:
         self.notes = ""
 
 
-async def install(helm: Helm, api: kube.Kube, *extra: str) -> Release:
+async def install(helm: helpers.Helm, api: kube.Kube, *extra: str) -> Release:
     suffix = secrets.token_hex(3)
     namespace, name = f"chart-{suffix}", f"r{suffix}"
     # Unique driver and class names: DeviceClasses are cluster-scoped, other tests have theirs.
@@ -170,7 +148,7 @@ async def install(helm: Helm, api: kube.Kube, *extra: str) -> Release:
     return release
 
 
-async def remove(helm: Helm, api: kube.Kube, release: Release) -> None:
+async def remove(helm: helpers.Helm, api: kube.Kube, release: Release) -> None:
     await helm.run("uninstall", release.name, "--namespace", release.namespace)
     await api.delete(f"/api/v1/namespaces/{release.namespace}")
     await eventually(
@@ -185,7 +163,9 @@ async def gone(api: kube.Kube, path: str) -> bool:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def release(helm: Helm, api: kube.Kube, kubelet: KubeletStandIn) -> AsyncIterator[Release]:
+async def release(
+    helm: helpers.Helm, api: kube.Kube, kubelet: KubeletStandIn
+) -> AsyncIterator[Release]:
     # The kubelet stand-in keeps node-01/node-02 real Nodes, runs the pod our agent token is
     # bound to, and completes the deletion of the chart's pods after uninstall.
     installed = await install(helm, api)
@@ -495,7 +475,7 @@ async def test_agent_has_exactly_the_access_the_code_needs(
 
 
 async def test_upgrade_and_uninstall_leave_only_what_the_user_made(
-    helm: Helm, api: kube.Kube, kubelet: KubeletStandIn, tmp_path: Path
+    helm: helpers.Helm, api: kube.Kube, kubelet: KubeletStandIn, tmp_path: Path
 ) -> None:
     release = await install(helm, api)
     extra_class = f"{release.device_class}-big"

@@ -18,6 +18,7 @@ from dra_gpu.testing._cluster import (
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
 from dra_gpu.testing._dra import DraSettings, DraStandIn, PreparedClaim, PreparedDevice
 from dra_gpu.testing._kubelet import KubeletStandIn, NodeSpec
+from dra_gpu.testing._node import NodeRuntime, RealNode
 from dra_gpu.testing._waiting import eventually
 
 __all__ = [
@@ -29,9 +30,11 @@ __all__ = [
     "DraSettings",
     "DraStandIn",
     "KubeletStandIn",
+    "NodeRuntime",
     "NodeSpec",
     "PreparedClaim",
     "PreparedDevice",
+    "RealNode",
     "agents_down",
     "agents_up",
     "as_user",

@@ -1,0 +1,528 @@
+"""Real nodes: the upstream kubelet on containerd (CDI on), Debian's runc and CNI plugins.
+
+Each node lives in PID, mount and network namespaces of its own (``unshare``), under a state
+directory this handle owns; ``_node_init.py`` is its first process. Nothing on the host
+changes: the node's ``/run``, ``/var/lib`` and ``/var/log`` and the sysctl files the kubelet
+writes are bind mounts of the state directory inside its mount namespace; its addresses
+(``192.0.2.N`` for the node, the ``kubernetes`` Service address for pods) are on the loopback
+of its own network namespace; its cgroups sit under one parent of ours, removed at ``stop()``.
+
+How the node and the API server reach each other, both ways through unix sockets (the node's
+namespace has no route to this machine's loopback, and the API server no route to the node):
+
+- node -> API server: forwarders in the node listen on ``127.0.0.1:6443`` (the kubelet) and on
+  the ``kubernetes`` Service address ``:443`` (pods), and connect to the control plane's
+  ``node_gateway`` socket, whose forwarder connects to the API server;
+- API server -> kubelet (logs, exec): the kubelet serves on port P of the node; the API server
+  resolves the node's name to 127.0.0.1 (``ControlPlane.add_host``) where a forwarder on P
+  connects to the node's ``kubelet.sock``, whose forwarder in the node connects to the kubelet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from dra_gpu.testing._control_plane import (
+    FIRST_SERVICE_IP,
+    ControlPlane,
+    ControlPlaneError,
+    _tail,
+    _terminate,
+    _tool,
+    dying_with_parent,
+    free_port,
+)
+
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# What the kubelet writes at start (protectKernelDefaults off): files of ours in the node.
+KERNEL_TUNABLES = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+API_PORT_IN_NODE = 6443
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRuntime:
+    """The binaries and images a node runs: the kubelet (same build as the control plane),
+    containerd's directory (``containerd``, ``ctr``, ``containerd-shim-runc-v2``) and the OCI
+    archives every node imports at start (no registry: pods use what is imported)."""
+
+    kubelet: Path
+    containerd_bin: Path
+    images: tuple[Path, ...]
+    runc: str = "/usr/sbin/runc"
+    cni_bin: str = "/usr/lib/cni"
+
+    @classmethod
+    def from_builds(cls, bin_dir: Path, containerd_dir: Path, images_dir: Path) -> NodeRuntime:
+        """The kubelet of ``bin_dir`` (``hack/build-kubebins.sh``), containerd of
+        ``hack/build-containerd.sh`` and every archive ``hack/build-images.sh`` lists in
+        ``images.json``."""
+        listed = json.loads((images_dir / "images.json").read_text())
+        return cls(
+            kubelet=bin_dir / "kubelet",
+            containerd_bin=containerd_dir / "bin",
+            images=tuple(images_dir / archive for archive in sorted(listed)),
+        )
+
+    def check(self) -> None:
+        wanted = [
+            self.kubelet,
+            self.containerd_bin / "containerd",
+            self.containerd_bin / "ctr",
+            self.containerd_bin / "containerd-shim-runc-v2",
+            Path(self.runc),
+            Path(self.cni_bin) / "bridge",
+        ]
+        for path in wanted:
+            if not os.access(path, os.X_OK):
+                raise ControlPlaneError(
+                    f"{path} is missing: build the node runtime with `make nodebins` "
+                    "(containerd; installs Debian's runc and containernetworking-plugins)"
+                )
+        for image in self.images:
+            if not image.is_file():
+                raise ControlPlaneError(f"{image} is missing: build the images with `make images`")
+        for tool in ("socat", "unshare", "ip", "mount"):
+            _tool(tool)
+
+
+class RealNode:
+    """One real node; ``start()`` returns once the Node is Ready, ``stop()`` leaves nothing."""
+
+    def __init__(
+        self,
+        control_plane: ControlPlane,
+        name: str,
+        index: int,
+        state_dir: Path,
+        runtime: NodeRuntime,
+        *,
+        cgroup_parent: str,
+        ready_timeout: float = 120.0,
+    ) -> None:
+        self.cp = control_plane
+        self.name = name
+        self.index = index
+        self.state = state_dir
+        self.runtime = runtime
+        self.cgroup_parent = cgroup_parent
+        self.ready_timeout = ready_timeout
+        self.kubelet_port = 0
+        self._unshare: subprocess.Popen[bytes] | None = None
+        self._forwarder: subprocess.Popen[bytes] | None = None
+
+    def __str__(self) -> str:
+        return f"node {self.name}"
+
+    # ---- paths -----------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return f"192.0.2.{self.index}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"198.19.{self.index}.0/24"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{self.cgroup_parent}/{self.name}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def root(self) -> Path:
+        """What the node sees as ``/`` for the bind-mounted paths (``root / "var/lib"`` is
+        the node's ``/var/lib``)."""
+        return self.state / "root"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "var/lib/kubelet"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "run/cdi"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.state / "containerd.sock"
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> RealNode:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.runtime.check()
+        try:
+            if not self.kubelet_port:
+                self.kubelet_port = free_port()
+                self.cp.add_host(self.name)
+            self._write_files()
+            self._make_cgroups()
+            gateway = self.cp.open_node_gateway()
+            self._write_spec(gateway)
+            self._start_forwarder()
+            self._spawn()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the node's first process (kubelet, then containerd stop; the kernel ends
+        everything else in the namespace), wait, then remove the node's cgroups."""
+        if self._unshare is not None:
+            first = _only_child(self._unshare.pid)
+            if first is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(first, signal.SIGTERM)
+            try:
+                self._unshare.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._unshare.kill()  # --kill-child: its first process gets SIGKILL
+                self._unshare.wait()
+            self._unshare = None
+        if self._forwarder is not None:
+            _terminate(self._forwarder)
+            self._forwarder = None
+        self._remove_cgroups()
+
+    def restart_kubelet(self) -> None:
+        """Stop and start the kubelet (containers keep running), as ``systemctl restart``."""
+        first = _only_child(self._unshare.pid) if self._unshare else None
+        if first is None:
+            raise ControlPlaneError(f"{self} is not running")
+        os.kill(first, signal.SIGHUP)
+
+    @property
+    def running(self) -> bool:
+        return self._unshare is not None and self._unshare.poll() is None
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise ControlPlaneError(f"{self} stopped while starting:\n{self.diagnostics()}")
+            node = self.cp.api_get(f"/api/v1/nodes/{self.name}")
+            status = node.get("status") if node.get("kind") == "Node" else None
+            conditions = status.get("conditions", []) if isinstance(status, dict) else []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                return
+            time.sleep(0.3)
+        raise ControlPlaneError(
+            f"{self} not Ready after {self.ready_timeout:.0f}s:\n{self.diagnostics()}"
+        )
+
+    def diagnostics(self, lines: int = 25) -> str:
+        return "\n".join(
+            f"--- {log}\n{_tail(log, lines)}" for log in sorted(self.logs_dir.glob("*.log"))
+        )
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    def _write_files(self) -> None:
+        for sub in ("run", "var/lib", "var/log", "sysctl", "cni", "pki"):
+            (self.root / sub if sub in ("run", "var/lib", "var/log") else self.state / sub).mkdir(
+                parents=True, exist_ok=True
+            )
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        for tunable in KERNEL_TUNABLES:
+            copy = self.state / "sysctl" / tunable.replace("/", ".")
+            if not copy.exists():
+                copy.write_text(Path("/proc/sys", tunable).read_text())
+        crt, key = self.cp.issue_certificate(
+            f"node-{self.name}", f"/CN=system:node:{self.name}/O=system:nodes"
+        )
+        self._write_json(
+            self.state / "kubeconfig",
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "local",
+                        "cluster": {
+                            "server": f"https://127.0.0.1:{API_PORT_IN_NODE}",
+                            "certificate-authority": str(self.cp.ca_file),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": self.name,
+                        "user": {"client-certificate": str(crt), "client-key": str(key)},
+                    }
+                ],
+                "contexts": [{"name": "local", "context": {"cluster": "local", "user": self.name}}],
+                "current-context": "local",
+            },
+        )
+        self._write_json(self.state / "kubelet.yaml", self._kubelet_config())
+        (self.state / "containerd.toml").write_text(self._containerd_config())
+        self._write_json(
+            self.state / "cni" / "10-dra-gpu.conflist",
+            {
+                "cniVersion": "1.0.0",
+                "name": "dra-gpu-nodes",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": "cni0",
+                        "isGateway": True,
+                        "ipMasq": False,
+                        "ipam": {
+                            "type": "host-local",
+                            "ranges": [[{"subnet": self.pod_subnet}]],
+                            "routes": [{"dst": "0.0.0.0/0"}],
+                        },
+                    }
+                ],
+            },
+        )
+
+    @staticmethod
+    def _write_json(path: Path, body: object) -> None:
+        path.write_text(json.dumps(body, indent=2))
+
+    def _kubelet_config(self) -> dict[str, object]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            # This machine has cgroup v1: 1.35+ refuses it unless told (still supported).
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup_root,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(self.cp.ca_file)},
+            },
+            "authorization": {"mode": "Webhook"},
+            "failSwapOn": False,
+            "resolvConf": "",
+            "protectKernelDefaults": False,
+            "makeIPTablesUtilChains": False,
+            # No registry: nothing imported may be collected, and disk pressure on a shared
+            # machine must not evict the test's pods.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+                "imagefs.available": "1%",
+            },
+            "serializeImagePulls": False,
+            "syncFrequency": "10s",
+        }
+
+    def _containerd_config(self) -> str:
+        state = self.state / "containerd"
+        cri = "plugins.'io.containerd.cri.v1.runtime'"
+        return "\n".join(
+            [
+                "version = 3",
+                f"root = '{state / 'root'}'",
+                f"state = '{state / 'state'}'",
+                "[grpc]",
+                f"  address = '{self.containerd_socket}'",
+                "[plugins.'io.containerd.internal.v1.opt']",  # default: /opt/containerd
+                f"  path = '{state / 'opt'}'",
+                "[plugins.'io.containerd.cri.v1.images']",
+                "  snapshotter = 'overlayfs'",
+                "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
+                f"  sandbox = '{SANDBOX_IMAGE}'",
+                f"[{cri}]",
+                "  enable_cdi = true",
+                "  cdi_spec_dirs = ['/var/run/cdi']",
+                # No CAP_SYS_RESOURCE here: the sandbox's -998 would fail every pod.
+                "  restrict_oom_score_adj = true",
+                f"[{cri}.containerd]",
+                "  default_runtime_name = 'runc'",
+                f"[{cri}.containerd.runtimes.runc]",
+                "  runtime_type = 'io.containerd.runc.v2'",
+                f"[{cri}.containerd.runtimes.runc.options]",
+                f"  BinaryName = '{self.runtime.runc}'",
+                f"[{cri}.cni]",
+                f"  bin_dirs = ['{self.runtime.cni_bin}']",
+                f"  conf_dir = '{self.state / 'cni'}'",
+                "[plugins.'io.containerd.grpc.v1.cri']",
+                "  stream_server_address = '127.0.0.1'",
+                "",
+            ]
+        )
+
+    def _write_spec(self, gateway: Path) -> None:
+        binds = [
+            (str(self.root / "run"), "/run"),
+            (str(self.root / "var/lib"), "/var/lib"),
+            (str(self.root / "var/log"), "/var/log"),
+        ] + [
+            (str(self.state / "sysctl" / t.replace("/", ".")), f"/proc/sys/{t}")
+            for t in KERNEL_TUNABLES
+        ]
+        kubelet_socket = self.state / "kubelet.sock"
+        containerd = self.runtime.containerd_bin
+        self._write_json(
+            self.state / "node.json",
+            {
+                "logs": str(self.logs_dir),
+                "binds": binds,
+                "addresses": [f"{self.address}/32", f"{FIRST_SERVICE_IP}/32"],
+                "env": {"PATH": f"{containerd}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+                "forwards": [
+                    (
+                        f"TCP-LISTEN:{API_PORT_IN_NODE},bind=127.0.0.1,fork,reuseaddr",
+                        f"UNIX-CONNECT:{gateway}",
+                    ),
+                    (
+                        f"TCP-LISTEN:443,bind={FIRST_SERVICE_IP},fork,reuseaddr",
+                        f"UNIX-CONNECT:{gateway}",
+                    ),
+                    (
+                        f"UNIX-LISTEN:{kubelet_socket},fork,unlink-early,mode=600",
+                        f"TCP:127.0.0.1:{self.kubelet_port}",
+                    ),
+                ],
+                "containerd": {
+                    "argv": [
+                        str(containerd / "containerd"),
+                        f"--config={self.state / 'containerd.toml'}",
+                    ],
+                    "socket": str(self.containerd_socket),
+                    "ctr": str(containerd / "ctr"),
+                    "images": [str(image) for image in self.runtime.images],
+                },
+                "kubelet": [
+                    str(self.runtime.kubelet),
+                    f"--config={self.state / 'kubelet.yaml'}",
+                    f"--kubeconfig={self.state / 'kubeconfig'}",
+                    f"--hostname-override={self.name}",
+                    f"--node-ip={self.address}",
+                    "--v=1",
+                ],
+            },
+        )
+
+    def _start_forwarder(self) -> None:
+        if self._forwarder is not None and self._forwarder.poll() is None:
+            return
+        with (self.logs_dir / "apiserver-to-kubelet.log").open("ab") as out:
+            self._forwarder = subprocess.Popen(
+                dying_with_parent(
+                    [
+                        _tool("socat"),
+                        f"TCP-LISTEN:{self.kubelet_port},bind=127.0.0.1,fork,reuseaddr",
+                        f"UNIX-CONNECT:{self.state / 'kubelet.sock'}",
+                    ]
+                ),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def _spawn(self) -> None:
+        self.containerd_socket.unlink(missing_ok=True)
+        init = str(Path(__file__).with_name("_node_init.py"))
+        argv = [
+            *(_tool("unshare"), "--pid", "--fork", "--kill-child", "--mount-proc"),
+            *("--mount", "--propagation", "private", "--net", "--"),
+            *(sys.executable, init, str(self.state / "node.json")),
+        ]
+        with (self.logs_dir / "node.log").open("ab") as out:
+            self._unshare = subprocess.Popen(
+                dying_with_parent(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    # ---- cgroups ---------------------------------------------------------------------------
+
+    def _hierarchies(self) -> list[Path]:
+        """Every cgroup hierarchy mounted here (v1 controllers, named, and a v2 one)."""
+        found = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            fstype = fields[fields.index("-") + 1]
+            mount_point = Path(fields[4])
+            if fstype in ("cgroup", "cgroup2") and mount_point.is_relative_to(CGROUP_ROOT):
+                found.append(mount_point)
+        return found
+
+    def _make_cgroups(self) -> None:
+        for hierarchy in self._hierarchies():
+            path = hierarchy / self.cgroup_root.lstrip("/")
+            for level in (path.parent, path):
+                if level.exists():
+                    continue
+                level.mkdir()
+                for inherited in ("cpuset.cpus", "cpuset.mems"):  # empty would refuse tasks
+                    if (level / inherited).exists():
+                        (level / inherited).write_text((level.parent / inherited).read_text())
+
+    def _remove_cgroups(self, timeout: float = 20.0) -> None:
+        """Bottom-up; a cgroup whose last task is still dying refuses for a moment."""
+        deadline = time.monotonic() + timeout
+        for hierarchy in self._hierarchies():
+            top = hierarchy / self.cgroup_root.lstrip("/")
+            if not top.exists():
+                continue
+            for directory in sorted(
+                (p for p in [top, *top.rglob("*")] if p.is_dir()),
+                key=lambda p: len(p.parts),
+                reverse=True,
+            ):
+                while True:
+                    try:
+                        directory.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
+            with contextlib.suppress(OSError):
+                top.parent.rmdir()  # the cluster's parent, once its last node is gone
+
+
+def _only_child(pid: int) -> int | None:
+    """``unshare --fork``'s child: the node's first process, seen from here."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None

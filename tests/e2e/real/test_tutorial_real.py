@@ -1,0 +1,143 @@
+"""The user's tutorial on real nodes, then the driver installed with ``helm install``.
+
+Three real kubelets on containerd. The manifests of crds-examples/ are applied as shipped and
+the cluster answers the tutorial's four messages, the fourth — ``DRA driver gpu.example.com is
+not registered`` — from the real kubelet. Then the tutorial's hand-made slice is removed and the
+chart is installed (its images imported into each node's containerd, no registry): the agents'
+DaemonSet pods publish the GPUs, the kubelet's next retry prepares gpu-0 through the
+containerized agent, containerd injects the claim's CDI edits, and the pod runs with the GPU in
+its environment, as read with ``kubectl exec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from dra_gpu import kube
+from dra_gpu.testing import ControlPlane, RealNode, eventually
+from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, events_of
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+RELEASE, RELEASE_NS = "dra-gpu", "dra-gpu"
+
+
+@pytest_asyncio.fixture
+async def tutorial_cluster_objects(api: kube.Kube, helm: Helm) -> AsyncIterator[None]:
+    yield
+    await helm.run("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", "--timeout=120s")
+    await api.delete(f"{RESOURCE}/deviceclasses/gpu-inferencia")
+    await api.delete(f"{RESOURCE}/resourceslices/nodo-simulado-gpu")
+
+
+@pytest_asyncio.fixture(scope="session")
+async def helm(control_plane: ControlPlane) -> Helm:
+    return Helm(control_plane)
+
+
+async def _pod(api: kube.Kube, ns: str) -> kube.Body | None:
+    pods = await api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="app=recomendador")
+    items = pods["items"]
+    return items[0] if len(items) == 1 else None
+
+
+async def _event_with(api: kube.Kube, ns: str, reason: str, text: str) -> kube.Body | None:
+    for event in await events_of(api, ns):
+        if event.get("reason") == reason and text in event.get("message", ""):
+            return event
+    return None
+
+
+async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
+    api: kube.Kube,
+    kubectl: Kubectl,
+    helm: Helm,
+    nodes: list[RealNode],
+    tutorial_cluster_objects: None,
+    namespace: str,  # after the release: removed before it, while the driver can unprepare
+) -> None:
+    ns = namespace
+    await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "recomendador.yaml"))
+    pod = await eventually(lambda: _pod(api, ns), what="the recomendador pod")
+    pod_name = pod["metadata"]["name"]
+
+    # The four messages, in order, as the tutorial shows them.
+    await eventually(
+        lambda: _event_with(
+            api, ns, "FailedScheduling", "device class gpu-inferencia does not exist"
+        ),
+        what="FailedScheduling: device class gpu-inferencia does not exist",
+    )
+    await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
+    await eventually(
+        lambda: _event_with(api, ns, "FailedScheduling", "cannot allocate all claims"),
+        what="FailedScheduling: cannot allocate all claims",
+    )
+    await kubectl("apply", "-f", str(EXAMPLES / "resourceslice.yaml"))
+    await eventually(
+        lambda: _event_with(
+            api, ns, "Scheduled", f"Successfully assigned {ns}/{pod_name} to node-01"
+        ),
+        what="Scheduled on node-01",
+    )
+    not_registered = await eventually(
+        lambda: _event_with(
+            api, ns, "FailedPrepareDynamicResources", "DRA driver gpu.example.com is not registered"
+        ),
+        what="the real kubelet: DRA driver gpu.example.com is not registered",
+    )
+    assert not_registered["source"] == {"component": "kubelet", "host": "node-01"}
+    table = await kubectl(
+        *("get", "events", "-n", ns, "--field-selector", "involvedObject.kind=Pod"),
+        *("--sort-by=.lastTimestamp", "--no-headers"),
+    )
+    rows = [line for line in table.splitlines() if line.strip()]
+    order = [
+        next(i for i, row in enumerate(rows) if needle in row)
+        for needle in (
+            "device class gpu-inferencia does not exist",
+            "cannot allocate all claims",
+            f"Successfully assigned {ns}/{pod_name} to node-01",
+            "DRA driver gpu.example.com is not registered",
+        )
+    ]
+    assert order == sorted(order), f"events out of order:\n{table}"
+
+    # The driver takes the hand-made slice's place: installed as a platform team installs it.
+    await api.delete(f"{RESOURCE}/resourceslices/nodo-simulado-gpu")
+    await helm(
+        *("install", RELEASE, str(REPO / "charts" / "dra-gpu")),
+        *("-n", RELEASE_NS, "--create-namespace", "--wait", "--timeout=180s"),
+    )
+
+    async def agents_ready() -> bool:
+        path = f"/apis/apps/v1/namespaces/{RELEASE_NS}/daemonsets/dra-gpu-agent"
+        return bool((await api.get(path))["status"].get("numberReady") == len(nodes))
+
+    # helm's --wait accepts a DaemonSet with maxUnavailable (1) of its pods not yet ready.
+    await eventually(agents_ready, what="an agent pod Ready on every node")
+
+    async def running() -> kube.Body | None:
+        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{pod_name}")
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    # The real kubelet retries a failed prepare at the pod's next sync (syncFrequency: 10 s).
+    await eventually(running, timeout=120, what="the recomendador pod Running")
+    env = await kubectl("exec", "-n", ns, pod_name, "--", "env")
+    assert "GPU_DEVICE_0=gpu-0" in env.splitlines(), env
+
+    async def claim_with_device_status() -> kube.Body | None:
+        claim = (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"][0]
+        return claim if claim["status"].get("devices") else None
+
+    # The agent writes status.devices off the critical path: after the pod could start.
+    claim = await eventually(claim_with_device_status, what="status.devices of the claim")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["pool"], r["device"]) for r in results] == [("node-01", "gpu-0")]
+    devices = claim["status"]["devices"]
+    assert [(d["driver"], d["pool"], d["device"]) for d in devices] == [
+        ("gpu.example.com", "node-01", "gpu-0")
+    ]
+    logs = await kubectl("logs", "-n", ns, pod_name)
+    assert "GPU_DEVICE_0=gpu-0" in logs.splitlines(), logs
