@@ -27,12 +27,13 @@ fit > allocation > node > driver).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import cel
@@ -459,11 +460,32 @@ class Layout:
         return found
 
 
+class Checks:
+    """Request checks kept from one World to the next (the controller's, pass after pass).
+
+    A check is reused while the Layout is the same one and the ``versions`` of the request's
+    classes have not moved: the caller bumps a class's version whenever anything its requests
+    could read changes (see ``explaining``). Within one World, checks are shared anyway.
+    """
+
+    LIMIT = 20_000
+
+    def __init__(self, versions: Callable[[str], Hashable]) -> None:
+        self.versions = versions
+        self._layout: Layout | None = None
+        self._found: dict[tuple[Any, ...], RequestExplanation] = {}
+
+    def table(self, layout: Layout) -> dict[tuple[Any, ...], RequestExplanation]:
+        if layout is not self._layout or len(self._found) > self.LIMIT:
+            self._layout, self._found = layout, {}
+        return self._found
+
+
 class World:
     """The cluster as each claim's check reads it: built once (per pass), read by every check.
 
     ``holders`` and ``nodes`` are read as they are when a check runs (the controller passes its
-    view's live indexes and builds a new World for each pass).
+    view's live indexes and builds a new World for each pass, with ``checks`` kept between).
     """
 
     def __init__(
@@ -472,13 +494,16 @@ class World:
         holders: inventory.HolderIndex,
         nodes: Mapping[str, Body],
         slices: Sequence[Body] | Callable[[], Sequence[Body]],
+        *,
+        checks: Checks | None = None,
     ) -> None:
         self.layout = layout
         self.holders = holders
         self.nodes = nodes
         self._slices = slices
         self._exclusions: dict[str, _Exclusions] = {}
-        self._requests: dict[tuple[Any, ...], RequestExplanation] = {}
+        self._requests = checks.table(layout) if checks is not None else {}
+        self._versions = checks.versions if checks is not None else None
 
     @property
     def devices(self) -> tuple[_Device, ...]:
@@ -529,6 +554,9 @@ def _pod_signature(pod: Body | None) -> str:
     return json.dumps(read, sort_keys=True, default=str)
 
 
+_UNKNOWN: Any = object()
+
+
 class _Exclusions(Mapping[str, str | None]):
     """Node -> why the pod cannot run there (None: it can), for every node we know of;
     worked out for a node when first asked."""
@@ -550,6 +578,9 @@ class _Exclusions(Mapping[str, str | None]):
         return found
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        found = self._known.get(name, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found
         try:
             return self[name]
         except KeyError:
@@ -694,9 +725,11 @@ def _explain_request(
     memo = None
     if scope.shared is not None:
         names = class_names({"spec": {"devices": {"requests": [request]}}})
+        versions = scope.world._versions
         memo = (
             json.dumps(request, sort_keys=True, default=str),
             tuple(id(classes.get(n)) for n in names),
+            tuple(versions(n) for n in names) if versions is not None else (),
             *scope.shared,
         )
         found = scope.world._requests.get(memo)
@@ -829,6 +862,10 @@ class _Checked:
         return DeviceVerdict(d.driver, d.pool, d.name, d.node, self.verdict, self.text)
 
 
+_FITS, _PASSING, _FREE = range(3)
+"""Which passing devices ``_fitting_nodes`` counts: those that fit, all, those not allocated."""
+
+
 class _RequestCheck:
     """One exactly-request (or subrequest) against every published device.
 
@@ -860,15 +897,7 @@ class _RequestCheck:
         request_outcomes = (
             layout.outcomes([s.compiled for s in request_selectors]) if request_selectors else None
         )
-        devices = layout.devices
-        self.candidates = [
-            self._check(
-                devices[i],
-                self._class_outcomes[i],
-                request_outcomes[i] if request_outcomes is not None else None,
-            )
-            for i in layout.candidates(self._class_compiled)
-        ]
+        self.candidates = self._check_candidates(layout, request_outcomes)
         self.groups: dict[Verdict, list[_Checked]] = {v: [] for v in Verdict}
         for checked in self.candidates:
             self.groups[checked.verdict].append(checked)
@@ -877,25 +906,45 @@ class _RequestCheck:
 
     # Per device.
 
-    def _check(self, device: _Device, by_class: Outcome, by_request: Outcome) -> _Checked:
-        excluded = self.scope.exclusions.get(device.node) if device.node else None
-        failed = (self.class_selectors, by_class) if by_class else (None, by_request)
-        if failed[1] is not None:
-            index, evaluation = failed[1]
-            selector = (failed[0] or self.request_selectors)[index]
-            if evaluation.error is not None and excluded is not None:
-                # The scheduler filters the node out first and never evaluates its devices.
-                return _Checked(device, Verdict.EXCLUDED, False, f"{device.label}: {excluded}")
-            # A class's plain "no" is never a candidate: what fails here is the request's.
-            verdict = Verdict.ERROR if evaluation.error is not None else Verdict.MISMATCH
-            return _Checked(device, verdict, False, why=(selector, evaluation))
-        holders = self.scope.holders(device.key)
-        if holders:
-            text = f"{device.label} is allocated to {', '.join(holders)}"
-            return _Checked(device, Verdict.ALLOCATED, True, text)
-        if excluded is not None:
-            return _Checked(device, Verdict.EXCLUDED, True, f"{device.label}: {excluded}")
-        return _Checked(device, Verdict.FITS, True, f"{device.label} fits")
+    def _check_candidates(
+        self, layout: Layout, request_outcomes: list[Outcome] | None
+    ) -> list[_Checked]:
+        """Each device the class does not rule out, in order: the hot loop of a check (tens of
+        thousands of devices), hence the local names."""
+        devices, class_outcomes = layout.devices, self._class_outcomes
+        exclusion = self.scope.exclusions.get
+        holders_of = self.scope.holders
+        class_selectors, request_selectors = self.class_selectors, self.request_selectors
+        found = []
+        append = found.append
+        for i in layout.candidates(self._class_compiled):
+            device = devices[i]
+            node = device.node
+            excluded = exclusion(node) if node else None
+            failed = class_outcomes[i]
+            selector_list = class_selectors
+            if failed is None and request_outcomes is not None:
+                failed, selector_list = request_outcomes[i], request_selectors
+            if failed is not None:
+                index, evaluation = failed
+                if evaluation.error is not None and excluded is not None:
+                    # The scheduler filters the node out first and never evaluates its devices.
+                    text = f"{device.label}: {excluded}"
+                    append(_Checked(device, Verdict.EXCLUDED, False, text))
+                    continue
+                # A class's plain "no" is never a candidate: what fails here is the request's.
+                verdict = Verdict.ERROR if evaluation.error is not None else Verdict.MISMATCH
+                append(_Checked(device, verdict, False, why=(selector_list[index], evaluation)))
+                continue
+            holders = holders_of(device.key)
+            if holders:
+                text = f"{device.label} is allocated to {', '.join(holders)}"
+                append(_Checked(device, Verdict.ALLOCATED, True, text))
+            elif excluded is not None:
+                append(_Checked(device, Verdict.EXCLUDED, True, f"{device.label}: {excluded}"))
+            else:
+                append(_Checked(device, Verdict.FITS, True, f"{device.label} fits"))
+        return found
 
     def _other(self, index: int) -> _Checked:
         """A device the class rules out."""
@@ -932,39 +981,51 @@ class _RequestCheck:
             return self._failure(Reason.SELECTOR_ERROR, f"selector error: {listing}")
         if not self.passing:
             return self._failure(Reason.NO_DEVICE_FITS, f"no device fits: {self._all_items()}")
-        nodes = self._fitting_nodes(lambda c: c.verdict == Verdict.FITS, respect_exclusion=True)
+        nodes = self._fitting_nodes(_FITS, respect_exclusion=True)
         if nodes:
             return self._fits(nodes)
-        if not self._fitting_nodes(lambda c: True, respect_exclusion=False):
+        if not self._fitting_nodes(_PASSING, respect_exclusion=False):
             reason = Reason.NOT_ENOUGH_DEVICES
-        elif not self._fitting_nodes(
-            lambda c: c.verdict != Verdict.ALLOCATED, respect_exclusion=False
-        ):
+        elif not self._fitting_nodes(_FREE, respect_exclusion=False):
             reason = Reason.DEVICES_ALLOCATED
         else:
             reason = Reason.NODE_EXCLUDED
         return self._failure(reason, f"{self._headline()}: {self._all_items()}")
 
-    def _fitting_nodes(
-        self, usable: Callable[[_Checked], bool], *, respect_exclusion: bool
-    ) -> list[str]:
-        """Nodes where enough passing devices are ``usable`` (for All: every one of them)."""
-        local: dict[str, list[_Checked]] = {}
-        anywhere: list[_Checked] = []  # devices of allNodes/nodeSelector slices
+    @functools.cached_property
+    def _per_node(self) -> tuple[dict[str, list[int]], list[int]]:
+        """Passing devices per node, and of allNodes/nodeSelector slices: how many, how many
+        fit, how many are allocated."""
+        local: dict[str, list[int]] = {}
+        anywhere = [0, 0, 0]
         for checked in self.passing:
             node = checked.device.node
-            (local.setdefault(node, []) if node else anywhere).append(checked)
+            row = (local.get(node) or local.setdefault(node, [0, 0, 0])) if node else anywhere
+            row[0] += 1
+            row[1] += checked.verdict is Verdict.FITS
+            row[2] += checked.verdict is Verdict.ALLOCATED
+        return local, anywhere
+
+    def _fitting_nodes(self, usable: int, *, respect_exclusion: bool) -> list[str]:
+        """Nodes where enough passing devices are ``usable`` (``_FITS``, ``_PASSING`` or
+        ``_FREE``; for All: every one of them)."""
+        local, anywhere = self._per_node
         exclusions = self.scope.exclusions
-        candidates = set(local) | (set(exclusions) if anywhere else set())
+        candidates = set(local) | (set(exclusions) if anywhere[0] else set())
         if respect_exclusion:
             candidates = {n for n in candidates if exclusions.get(n) is None}
         fitting = []
+        none = (0, 0, 0)
         for node in sorted(candidates, key=_natural):
-            devices = local.get(node, []) + anywhere
-            if self.all_mode:
-                ok = bool(devices) and all(usable(c) for c in devices)
+            row = local.get(node, none)
+            total = row[0] + anywhere[0]
+            if usable == _FITS:
+                good = row[1] + anywhere[1]
+            elif usable == _PASSING:
+                good = total
             else:
-                ok = sum(1 for c in devices if usable(c)) >= self.count
+                good = total - row[2] - anywhere[2]
+            ok = (total > 0 and good == total) if self.all_mode else good >= self.count
             if ok:
                 fitting.append(node)
         return fitting
@@ -974,8 +1035,8 @@ class _RequestCheck:
             return "needs every matching device of one node, free"
         if self.count == 1:
             return "no device fits"
-        free = [c.device.node for c in self.groups[Verdict.FITS]]
-        most = max((free.count(n) for n in set(free)), default=0)
+        free = collections.Counter(c.device.node for c in self.groups[Verdict.FITS])
+        most = max(free.values(), default=0)
         return f"needs {self.count} devices on one node, at most {most} available"
 
     def _all_items(self) -> str:

@@ -32,6 +32,7 @@ import collections
 import dataclasses
 import logging
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,8 +45,10 @@ from dra_gpu.controller.view import Changes, ClusterView, PoolKey
 
 log = logging.getLogger(__name__)
 
-BATCH = 50
-"""Claims explained between two yields to the event loop."""
+SLICE = 0.05
+"""Seconds of explaining between two yields to the event loop (and reports)."""
+PARALLEL = 16
+"""Claims reported at a time (each a few Events)."""
 BULK = 2_000
 """A batch of changes this large (a start, a relist) makes every class's claims stale at once
 instead of being traced one change at a time."""
@@ -68,6 +71,7 @@ class _Done:
     key: str
     inputs: tuple[Any, ...]
     uid: str
+    claim: dict[str, Any]
     waiting: list[dict[str, Any]]
     result: explain.Explanation | None
     """None: the claim's classes all belong to other drivers."""
@@ -82,6 +86,7 @@ class Explainer:
         self.driver = driver
         self.selections = selections
         self.epochs: collections.Counter[str] = collections.Counter()
+        self.bulk = BULK
         self.explained = 0
         """Explanations computed so far (each claim whose inputs changed counts once)."""
         self._classes: dict[str, tuple[cel.Compiled, ...]] = {}
@@ -89,6 +94,7 @@ class Explainer:
         self._pool_counts: dict[PoolKey, dict[str, tuple[int, int]]] = {}
         self._layout: explain.Layout | None = None
         self._world: tuple[int, explain.World] | None = None  # and the generation it saw
+        self._checks = explain.Checks(self.epochs.__getitem__)
         self._done: dict[str, _Done] = {}
         self._clean_at: int | None = None
 
@@ -100,11 +106,11 @@ class Explainer:
             self._layout = None
         for name in sorted(changes.classes):
             self._recount_class(name)
-        bulk = len(changes.pools) + len(changes.held) + len(changes.nodes) > BULK
+        bulk = len(changes.pools) + len(changes.held) + len(changes.nodes) > self.bulk
         for key, before in changes.pools.items():
             self._pool_changed(key, before, bump=not bulk)
         if bulk:
-            self.epochs.update(self._classes)
+            self.epochs.update(dict.fromkeys(self._classes, 1))
             return
         for device in changes.held:
             self._held_changed(device)
@@ -198,12 +204,17 @@ class Explainer:
         if self._layout is None:
             self._layout = explain.Layout(view.pools.values(), self.selections)
         return explain.World(
-            self._layout, view.holders, view.nodes, lambda: list(view.slices.values())
+            self._layout,
+            view.holders,
+            view.nodes,
+            lambda: list(view.slices.values()),
+            checks=self._checks,
         )
 
     def stale(self) -> list[tuple[str, list[dict[str, Any]], tuple[Any, ...]]]:
-        """Pending claims with a waiting pod whose explanation's inputs changed, in order;
-        also forgets claims that no longer wait."""
+        """Pending claims with a waiting pod whose explanation's inputs changed: first those
+        whose own inputs (the claim, its pods) changed — a new waiting pod is answered before
+        claims that only see a device taken — then by name. Forgets claims no longer waiting."""
         view = self.view
         found = []
         waiting_keys = set()
@@ -221,10 +232,12 @@ class Explainer:
             )
             done = self._done.get(key)
             if done is None or done.inputs != inputs:
-                found.append((key, waiting, inputs))
+                own = done is None or done.inputs[:2] != inputs[:2]
+                found.append((not own, key, waiting, inputs))
         for key in set(self._done) - waiting_keys:
             del self._done[key]
-        return found
+        found.sort(key=lambda entry: entry[:2])
+        return [(key, waiting, inputs) for _, key, waiting, inputs in found]
 
     def last(self, key: str) -> explain.Explanation | None:
         """The explanation last worked out for a pending claim (None: none, or not ours)."""
@@ -241,49 +254,63 @@ class Explainer:
 
     async def explain_pending(self) -> None:
         """Explain the stale claims and report those with a missing piece; forget, in the
-        Reporter, claims no longer pending (explained anew if they are again)."""
+        Reporter, claims no longer pending (explained anew if they are again).
+
+        Works in slices of ``SLICE`` seconds, each reported before the next is worked out, and
+        stops early when the view changed meanwhile: the rest comes in the next pass, after
+        what just changed (a new waiting pod goes first)."""
         view = self.view
         if self._clean_at == view.generation:
             return  # nothing changed since every explanation was last worked out
         stale = self.stale()
         generation = view.generation
-        results: list[_Done] = []
-        left = len(stale)
-        for count, entry in enumerate(stale):
-            if count and count % BATCH == 0:
+        reached = 0
+        while reached < len(stale):
+            started = time.monotonic()
+            chunk: list[_Done] = []
+            while reached < len(stale) and (not chunk or time.monotonic() - started < SLICE):
+                chunk.append(self._explain(*stale[reached]))
+                reached += 1
+            await self._report(chunk)
+            if reached < len(stale):
                 await asyncio.sleep(0)  # let watch events and /metrics in
                 if view.generation != generation:
-                    break  # the rest, with what just changed, in the next pass
-            left -= 1
-            results.append(self._explain(*entry))
-        for done in results:
-            result = done.result
-            if result is not None and result.missing:
-                claim = view.claims[done.key]
-                await self.reporter.report(claim, done.waiting, str(result.reason), result.message)
-            self._done[done.key] = done  # reported (or not due): not again for these inputs
+                    break
+        left = stale[reached:]
         if left:
-            log.debug("explained %d claims; %d wait for the next pass", len(results), left)
+            log.debug("explained %d claims; %d wait for the next pass", reached, len(left))
         else:
             self._clean_at = generation
         # Claims still pending and ours, whether explained now or before; and those not reached.
         keep = {d.uid for d in self._done.values() if d.result is not None}
-        not_reached = stale[len(stale) - left :]
-        keep |= {str(view.claims[k]["metadata"].get("uid", "")) for k, _, _ in not_reached}
+        keep |= {str(view.claims[k]["metadata"].get("uid", "")) for k, _, _ in left}
         self.reporter.keep_only(keep)
+
+    async def _report(self, chunk: list[_Done]) -> None:
+        due = [d for d in chunk if d.result is not None and d.result.missing]
+        for start in range(0, len(due), PARALLEL):
+            await asyncio.gather(
+                *(
+                    self.reporter.report(d.claim, d.waiting, str(d.result.reason), d.result.message)
+                    for d in due[start : start + PARALLEL]
+                    if d.result is not None
+                )
+            )
+        for done in chunk:
+            self._done[done.key] = done  # reported (or not due): not again for these inputs
 
     def _explain(self, key: str, waiting: list[dict[str, Any]], inputs: tuple[Any, ...]) -> _Done:
         claim = self.view.claims[key]
         uid = str(claim["metadata"].get("uid", ""))
         if not self._concerns_us(claim):
-            return _Done(key, inputs, uid, waiting, None)
+            return _Done(key, inputs, uid, claim, waiting, None)
         if self._world is None or self._world[0] != self.view.generation:
             self._world = (self.view.generation, self.world())
         result = explain.explain(
             claim, self._world[1], classes=self.view.classes, pod=waiting[0], detail=False
         )
         self.explained += 1
-        return _Done(key, inputs, uid, waiting, result)
+        return _Done(key, inputs, uid, claim, waiting, result)
 
     def _concerns_us(self, claim: Mapping[str, Any]) -> bool:
         """False when every request's class exists and selects another driver only."""

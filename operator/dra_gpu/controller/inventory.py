@@ -31,6 +31,7 @@ def result_key(result: Body) -> DeviceKey:
     return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
 
 
+@functools.lru_cache(maxsize=65536)
 def natural(text: str) -> tuple[str | int, ...]:
     """A sort key that puts "gpu-2" before "gpu-10". re.split alternates text and digits, so
     positions never mix types."""
