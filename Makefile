@@ -19,7 +19,7 @@ help:
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
 	@echo "make reliability   restart, load (20 nodes x 8 GPUs, 200 pods), fuzzing, crash tests"
 	@echo "make chart         helm lint + chart tests (render, dry-run, install, RBAC, policy)"
-	@echo "make cluster-up    start the local cluster in the background (node-01..03) and print exports"
+	@echo "make cluster-up    start the local cluster in the background (real nodes node-01..03), print exports"
 	@echo "make cluster-down  stop it"
 	@echo "make kubebins      build etcd, kube-*, kubectl and helm $(K8S_VERSION) into $(DRA_GPU_BIN_DIR)"
 	@echo "make nodebins      build containerd (+ Debian runc, CNI plugins, socat) for real nodes"
@@ -52,14 +52,14 @@ format: venv
 	$(BIN)/ruff check --fix operator tests hack benchmarks
 	$(BIN)/ruff format operator tests hack benchmarks
 
-test: lint kubebins
+test: lint kubebins nodebins images
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(BIN)/pytest
 
 unit: venv
 	$(BIN)/pytest tests/unit
 
-e2e: venv kubebins
+e2e: venv kubebins nodebins images
 	$(BIN)/pytest tests/e2e
 
 # pydra (the only other Python DRA driver) is measured beside ours, from a venv of its own.
@@ -88,14 +88,18 @@ chart: venv kubebins
 image:  # needs a Docker engine (none on the CI machines); the chart's default image
 	docker build -t ghcr.io/dra-gpu/dra-gpu:0.1.0 .
 
+# Real nodes: containerd and the images come from their build scripts (cached; quick when built).
+NODE_ARGS = --containerd-dir "$$(hack/build-containerd.sh | tail -1)" \
+  --images-dir "$$(hack/build-images.sh | tail -1)"
+
 cluster-up: venv kubebins
-	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR)
+	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(NODE_ARGS)
 
 cluster-down: venv
 	@$(BIN)/python -m dra_gpu.testing down --state-dir $(STATE_DIR)
 
 run: cluster-up
-	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR))" && \
+	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(NODE_ARGS))" && \
 	  $(BIN)/python hack/tutorial.py $(STATE_DIR)
 
 protos: venv

@@ -275,7 +275,18 @@ def run_in_chroot(root: Path, argv: Sequence[str], env: Mapping[str, str], cwd: 
         os.chdir(cwd)
 
     log(f"  $ {' '.join(argv)}")
-    subprocess.run(list(argv), check=True, env=dict(env), preexec_fn=enter, stdout=sys.stderr)
+    # Its output (pip's, mostly) only when it fails: `make run` stays readable.
+    result = subprocess.run(
+        list(argv),
+        env=dict(env),
+        preexec_fn=enter,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+    if result.returncode != 0:
+        sys.stderr.buffer.write(result.stdout)
+        raise subprocess.CalledProcessError(result.returncode, argv)
 
 
 # How this host reaches the package index (a proxy, a mirror, a CA of its own): passed to the

@@ -1,11 +1,14 @@
-"""Plays the user's tutorial on the local cluster (``make run``), step by step.
+"""Plays the user's tutorial on the local cluster (``make run``), step by step, then installs
+the driver.
 
-Runs the same kubectl commands the tutorial gives its reader, against ``$KUBECONFIG``, and
-prints each with what the cluster answered. Where the tutorial publishes a hand-made
-ResourceSlice, this run installs the driver instead: it starts the dra-gpu node agents (the
-simulated tutorial profile: gpu-0 24Gi and gpu-1 8Gi on node-01), which publish the devices,
-prepare gpu-0 when the pod lands on node-01 and let it start. It waits for each answer instead
-of sleeping, and starts by removing what an earlier run left, so it can be run again and again.
+Runs the same kubectl commands the tutorial gives its reader, against ``$KUBECONFIG`` (real
+nodes: the upstream kubelet on containerd), and prints each with what the cluster answered:
+the four messages, the last one from the real kubelet. Then it installs dra-gpu as a platform
+team does, ``helm install`` of charts/dra-gpu (its images were imported into each node, no
+registry; simulated tutorial profile: gpu-0 24Gi and gpu-1 8Gi on node-01) in place of the
+tutorial's hand-made slice: the agents publish the devices, the kubelet's next retry prepares
+gpu-0, and the pod runs with the GPU in its environment. It waits for each answer instead of
+sleeping, and starts by removing what an earlier run left, so it can be run again and again.
 """
 
 from __future__ import annotations
@@ -20,27 +23,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dra_gpu.testing import agents_down, agents_up, controller_up
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "crds-examples"
-PROFILE = EXAMPLES / "profile-tutorial.yaml"
-NODES = ("node-01", "node-02", "node-03")
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "crds-examples"
+RELEASE, RELEASE_NS = "dra-gpu", "dra-gpu"
 BOLD, DIM, GREEN, RESET = (
     ("\033[1m", "\033[2m", "\033[32m", "\033[0m") if sys.stdout.isatty() else ("",) * 4
 )
 T = TypeVar("T")
 
 
-def kubectl(*args: str, show: bool = True, check: bool = True) -> str:
+def run(tool: str, *args: str, show: bool = True, check: bool = True) -> str:
     if show:
-        print(f"{BOLD}$ kubectl {' '.join(shlex.quote(a) for a in args)}{RESET}")
-    result = subprocess.run(["kubectl", *args], capture_output=True, text=True)
+        print(f"{BOLD}$ {tool} {' '.join(shlex.quote(a) for a in args)}{RESET}")
+    result = subprocess.run([tool, *args], capture_output=True, text=True)
     if check and result.returncode != 0:
-        sys.exit(f"kubectl {' '.join(args)} failed:\n{result.stderr}")
+        sys.exit(f"{tool} {' '.join(args)} failed:\n{result.stderr}")
     if show:
         print(result.stdout.rstrip() or result.stderr.rstrip())
         print()
     return result.stdout
+
+
+def kubectl(*args: str, show: bool = True, check: bool = True) -> str:
+    return run("kubectl", *args, show=show, check=check)
 
 
 def kubectl_json(*args: str) -> Any:
@@ -69,17 +74,6 @@ def pod_event(reason: str, text: str) -> str | None:
     return None
 
 
-def controller_says(text: str) -> str | None:
-    """The controller's explanation on the claim, as `kubectl describe resourceclaim` shows."""
-    events = kubectl_json("get", "events", "--field-selector", "involvedObject.kind=ResourceClaim")
-    for event in events["items"]:
-        if event.get("reportingComponent") == "dra-gpu-controller" and text in event.get(
-            "message", ""
-        ):
-            return f"{event['type']}  {event['reason']}  {event['message']}"
-    return None
-
-
 def explain(pod: str) -> None:
     print(f"{BOLD}$ dra-gpu explain pod/{pod}{RESET}")
     result = subprocess.run(
@@ -94,11 +88,15 @@ def pod_name() -> str:
     )
 
 
-def reset(state_dir: Path) -> None:
+def installed() -> bool:
+    listing = run("helm", "list", "-n", RELEASE_NS, "-q", show=False, check=False)
+    return RELEASE in listing.split()
+
+
+def reset() -> None:
     step("Clean slate: remove what an earlier run left")
-    # Workloads go first, while the agents run: a pod that used a GPU only goes once the
-    # driver unprepared its claim (a real kubelet keeps it Terminating until then).
-    agents_up(state_dir, NODES, PROFILE)
+    # Workloads go first, while the driver runs: a pod that used a GPU only goes once the
+    # driver unprepared its claim (the kubelet keeps it Terminating until then).
     kubectl(
         "delete",
         "deployment/recomendador",
@@ -113,7 +111,8 @@ def reset(state_dir: Path) -> None:
             and not kubectl_json("get", "resourceclaims")["items"]
         ),
     )
-    print("stopped the node agents of", ", ".join(agents_down(state_dir)))
+    if installed():
+        run("helm", "uninstall", RELEASE, "-n", RELEASE_NS, "--wait")
     kubectl("delete", "resourceslices", "-l", "app.kubernetes.io/managed-by=dra-gpu")
     kubectl(
         "delete",
@@ -125,13 +124,17 @@ def reset(state_dir: Path) -> None:
     kubectl("delete", "events", "--field-selector", "involvedObject.kind=ResourceClaim", show=False)
 
 
+def metrics_of(pod: str, port: int) -> str:
+    """A component's /metrics, read inside its pod (pods live in the nodes' networks)."""
+    read = f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/metrics').read().decode())"
+    return kubectl("exec", "-n", RELEASE_NS, pod, "--", "python", "-c", read, show=False)
+
+
 def main() -> int:
     if not os.environ.get("KUBECONFIG"):
         sys.exit("KUBECONFIG is not set: run `make run` (or `eval $(make cluster-up)`) first")
-    state_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".run/cluster")
-    reset(state_dir)
-    controller = controller_up(state_dir)
-    print(f"dra-gpu controller running (pid {controller.pid}, log {controller.log_file})")
+    nodes_dir = Path(os.environ.get("DRA_GPU_NODES_DIR", ".run/cluster/nodes"))
+    reset()
 
     step("Step 1: the types are already there")
     kubectl("api-resources", "--api-group=resource.k8s.io")
@@ -154,8 +157,6 @@ def main() -> int:
         wait_for("the scheduler's answer", lambda: pod_event("FailedScheduling", "does not exist")),
         "\n",
     )
-    print("What the dra-gpu controller says on the claim itself:")
-    print(wait_for("the controller's explanation", lambda: controller_says("does not exist")), "\n")
     explain(pod_name())
     kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
     print(
@@ -165,22 +166,17 @@ def main() -> int:
         ),
         "\n",
     )
-
-    print("And the controller, on the claim:")
-    print(wait_for("the controller's explanation", lambda: controller_says("no devices")), "\n")
     explain(pod_name())
 
-    step("Step 3: install the driver instead of describing a GPU by hand")
-    print("Starting the dra-gpu node agent on each node, as the chart's DaemonSet does ...")
-    agents = agents_up(state_dir, NODES, PROFILE)
-    for agent in agents:
-        print(f"  {agent.node}: pid {agent.pid}, log {agent.log_file}")
-    print()
-    wait_for(
-        "the scheduler to place the pod", lambda: pod_event("Scheduled", "Successfully assigned")
+    step("Step 3: describe a GPU by hand, as the tutorial does")
+    kubectl("apply", "-f", str(EXAMPLES / "resourceslice.yaml"))
+    print(
+        wait_for(
+            "the scheduler to place the pod",
+            lambda: pod_event("Scheduled", "Successfully assigned"),
+        ),
+        "\n",
     )
-    kubectl("get", "resourceslices", "-o", "wide")
-    kubectl("get", "resourceclaim")
     kubectl(
         "get",
         "resourceclaim",
@@ -188,16 +184,53 @@ def main() -> int:
         'jsonpath={range .items[*]}{.status.allocation.devices.results[0].device}{end}{"\\n"}',
     )
 
-    step("Step 4: the driver prepares gpu-0 and the pod starts")
+    step("Step 4: the fourth message - the kubelet has no driver")
+    print(
+        wait_for(
+            "the kubelet on node-01",
+            lambda: pod_event("FailedPrepareDynamicResources", "is not registered"),
+        ),
+        "\n",
+    )
+    explain(pod_name())
+
+    step("The driver: helm install dra-gpu, in place of the hand-made slice")
+    kubectl("delete", "resourceslice/nodo-simulado-gpu")
+    run(
+        "helm",
+        *("install", RELEASE, str(REPO / "charts" / "dra-gpu")),
+        *("-n", RELEASE_NS, "--create-namespace", "--wait", "--timeout=180s"),
+    )
     wait_for(
+        "an agent Ready on every node",
+        lambda: (
+            (ds := kubectl_json("get", "daemonset", "-n", RELEASE_NS, "dra-gpu-agent"))[
+                "status"
+            ].get("numberReady")
+            == ds["status"].get("desiredNumberScheduled")
+        ),
+    )
+    kubectl("get", "pods", "-n", RELEASE_NS, "-o", "wide")
+    kubectl("get", "resourceslices", "-o", "wide")
+    print("The kubelet retries the prepare at the pod's next sync ...")
+    pod = wait_for(
         "the pod to run",
-        lambda: [
-            p
-            for p in kubectl_json("get", "pods", "-l", "app=recomendador")["items"]
-            if p["status"].get("phase") == "Running"
-        ],
+        lambda: next(
+            (
+                p["metadata"]["name"]
+                for p in kubectl_json("get", "pods", "-l", "app=recomendador")["items"]
+                if p["status"].get("phase") == "Running"
+            ),
+            None,
+        ),
     )
     kubectl("get", "pods", "-l", "app=recomendador", "-o", "wide")
+    print("The GPU the claim gave the container, from inside it:")
+    kubectl("exec", pod, "--", "sh", "-c", "env | grep ^GPU_")
+    wait_for(
+        "the agent's status.devices on the claim",
+        lambda: kubectl_json("get", "resourceclaims")["items"][0]["status"].get("devices"),
+    )
     kubectl(
         "get",
         "resourceclaim",
@@ -207,10 +240,9 @@ def main() -> int:
     )
     claim = kubectl_json("get", "resourceclaims")["items"][0]
     uid = claim["metadata"]["uid"]
-    spec = state_dir / "kubelet" / "node-01" / "cdi" / f"k8s.gpu.example.com-gpu_{uid}.json"
-    print(f"{BOLD}$ cat {spec}{RESET}\n{spec.read_text()}")
-
-    explain(pod_name())
+    spec = nodes_dir / "node-01" / "root" / "run" / "cdi" / f"k8s.gpu.example.com-gpu_{uid}.json"
+    print(f"{BOLD}$ cat {spec}{RESET}  (node-01's /var/run/cdi){RESET}\n{spec.read_text()}")
+    explain(pod)
 
     step("The events in a row, in order")
     kubectl(
@@ -221,12 +253,18 @@ def main() -> int:
         "dra_gpu_devices{",
         "dra_gpu_memory_bytes{",
         "dra_gpu_claims{",
-        "dra_gpu_explain_events_total{",
         "dra_gpu_prepare_claims_total{",
         "dra_gpu_prepared_devices ",
     )
-    agent_metrics = next(a for a in agents if a.node == "node-01").metrics()
-    for line in (controller.metrics() + agent_metrics).splitlines():
+    pods = kubectl_json("get", "pods", "-n", RELEASE_NS)["items"]
+    leader = kubectl_json("get", "lease", "-n", RELEASE_NS, "dra-gpu-controller")
+    controller = leader["spec"]["holderIdentity"]
+    agent = next(
+        p["metadata"]["name"]
+        for p in pods
+        if p["spec"].get("nodeName") == "node-01" and "agent" in p["metadata"]["name"]
+    )
+    for line in (metrics_of(controller, 9400) + metrics_of(agent, 9402)).splitlines():
         if line.startswith(wanted) and ('node="node-0' not in line or "node-01" in line):
             print("  " + line)
     print()

@@ -8,7 +8,7 @@ def test_exports_round_trip_and_put_the_built_binaries_first() -> None:
     text = env.exports()
     assert text.splitlines() == [
         "export KUBECONFIG=/r/kubeconfig",
-        "export DRA_GPU_KUBELET_ROOT=/r/kubelet",
+        "export DRA_GPU_NODES_DIR=/r/kubelet",
         'export PATH=/cache/bin/v1.34.4:"$PATH"',
     ]
     assert ClusterEnv.parse(text) == env

@@ -13,6 +13,7 @@ not answer 4); the traceback only with ``--log-level DEBUG``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import logging
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +33,7 @@ from dra_gpu.testing._agent import AgentProcess, ControllerProcess, stop_detache
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
 from dra_gpu.testing._dra import DraSettings
 from dra_gpu.testing._kubelet import KubeletStandIn
+from dra_gpu.testing._node import NodeRuntime, RealNode
 
 DEFAULT_NODES = ("node-01", "node-02", "node-03")
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -48,13 +51,15 @@ class ClusterEnv:
     """What a shell or a script needs to use a running local cluster."""
 
     kubeconfig: Path
-    kubelet_root: Path
+    nodes_dir: Path
+    """One directory per node: a real node's state (``<node>/root`` is its view of ``/run``,
+    ``/var/lib``, ``/var/log``), or the stand-in's kubelet directory of the node."""
     bin_dir: Path
 
     def exports(self) -> str:
         return (
             f"export KUBECONFIG={self.kubeconfig}\n"
-            f"export DRA_GPU_KUBELET_ROOT={self.kubelet_root}\n"
+            f"export DRA_GPU_NODES_DIR={self.nodes_dir}\n"
             f'export PATH={self.bin_dir}:"$PATH"\n'
         )
 
@@ -66,7 +71,7 @@ class ClusterEnv:
             values[key] = value
         return cls(
             Path(values["KUBECONFIG"]),
-            Path(values["DRA_GPU_KUBELET_ROOT"]),
+            Path(values["DRA_GPU_NODES_DIR"]),
             Path(values["PATH"].split(":", 1)[0]),
         )
 
@@ -82,8 +87,14 @@ def _alive(pid_file: Path) -> int | None:
 
 
 def cluster_up(
-    state_dir: Path, bin_dir: Path, nodes: Sequence[str] = DEFAULT_NODES, timeout: float = 300
+    state_dir: Path,
+    bin_dir: Path,
+    nodes: Sequence[str] = DEFAULT_NODES,
+    timeout: float = 300,
+    *,
+    runtime: NodeRuntime | None = None,
 ) -> ClusterEnv:
+    """Real nodes with ``runtime`` (``make cluster-up``), else the kubelet stand-in's."""
     state_dir = state_dir.resolve()
     env_file, pid_file = state_dir / "env.sh", state_dir / "supervisor.pid"
     if _alive(pid_file) and env_file.exists():
@@ -110,6 +121,7 @@ def cluster_up(
                 str(bin_dir),
                 "--nodes",
                 ",".join(nodes),
+                *(("--runtime", runtime.to_json()) if runtime else ()),
             ],
             stdout=supervisor_log,
             stderr=subprocess.STDOUT,
@@ -142,7 +154,7 @@ def agents_up(state_dir: Path, nodes: Sequence[str], profile: Path) -> list[Agen
     env = ClusterEnv.parse((state_dir / "env.sh").read_text())
     started = []
     for node in nodes:
-        node_dir = env.kubelet_root / node
+        node_dir = env.nodes_dir / node
         stop_detached(node_dir)
         agent = AgentProcess(
             node, env.kubeconfig, node_dir, node_dir, profile=profile.resolve(), detached=True
@@ -194,9 +206,42 @@ def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
     return pid is not None
 
 
-def serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
-    """The supervisor: control plane and stand-in until SIGTERM or SIGINT."""
-    asyncio.run(_serve(state_dir, bin_dir, nodes))
+def serve(
+    state_dir: Path, bin_dir: Path, nodes: Sequence[str], runtime: NodeRuntime | None = None
+) -> None:
+    """The supervisor: control plane and nodes (real ones with ``runtime``, else the stand-in)
+    until SIGTERM or SIGINT."""
+    if runtime is None:
+        asyncio.run(_serve(state_dir, bin_dir, nodes))
+        return
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    cp = ControlPlane(bin_dir, state_dir / "control-plane")
+    print(f"starting control plane from {bin_dir}", flush=True)
+    started: list[RealNode] = []
+    try:
+        # From this (main) thread, whose exit the processes' parent-death signal watches.
+        cp.start()
+        print(f"control plane ready at {cp.server}", flush=True)
+        for index, name in enumerate(nodes, start=1):
+            node = RealNode(cp, name, index, state_dir / "nodes" / name, runtime)
+            node.start()
+            started.append(node)
+            print(f"node {name} ready", flush=True)
+        _write_env(state_dir, ClusterEnv(cp.kubeconfig, state_dir / "nodes", cp.bin_dir))
+        stopping.wait()
+    finally:
+        for node in reversed(started):
+            node.stop()
+        cp.stop()
+        print("stopped", flush=True)
+
+
+def _write_env(state_dir: Path, env: ClusterEnv) -> None:
+    tmp = state_dir / "env.sh.tmp"
+    tmp.write_text(env.exports())
+    tmp.rename(state_dir / "env.sh")
 
 
 async def _serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
@@ -216,9 +261,7 @@ async def _serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
             await kube.Kube.connect(cp.kubeconfig) as api,
             KubeletStandIn(api, nodes, kubelet_root, dra=DraSettings()),
         ):
-            tmp = state_dir / "env.sh.tmp"
-            tmp.write_text(ClusterEnv(cp.kubeconfig, kubelet_root, cp.bin_dir).exports())
-            tmp.rename(state_dir / "env.sh")
+            _write_env(state_dir, ClusterEnv(cp.kubeconfig, kubelet_root, cp.bin_dir))
             print(f"nodes {', '.join(nodes)} ready", flush=True)
             await stopping.wait()
     finally:
@@ -238,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bin-dir", type=Path, default=None, help="control plane binaries [env DRA_GPU_BIN_DIR]"
     )
     parser.add_argument("--nodes", default=",".join(DEFAULT_NODES))
+    parser.add_argument(
+        "--containerd-dir", type=Path, help="real nodes: hack/build-containerd.sh's output"
+    )
+    parser.add_argument("--images-dir", type=Path, help="real nodes: hack/build-images.sh's output")
+    parser.add_argument("--runtime", help=argparse.SUPPRESS)  # up -> serve
     parser.add_log_level()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -249,9 +297,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = [n for n in args.nodes.split(",") if n]
     try:
         if args.command == "serve":
-            serve(args.state_dir, bin_dir, nodes)
+            runtime = NodeRuntime.from_json(args.runtime) if args.runtime else None
+            serve(args.state_dir, bin_dir, nodes, runtime)
         elif args.command == "up":
-            env = cluster_up(args.state_dir, bin_dir, nodes)
+            runtime = None
+            if args.containerd_dir or args.images_dir:
+                if not (args.containerd_dir and args.images_dir):
+                    parser.error("--containerd-dir and --images-dir go together (real nodes)")
+                runtime = NodeRuntime.from_builds(bin_dir, args.containerd_dir, args.images_dir)
+                runtime.check()
+            env = cluster_up(args.state_dir, bin_dir, nodes, runtime=runtime)
             asyncio.run(_answers(env, args.state_dir))
             print(env.exports(), end="")
         else:

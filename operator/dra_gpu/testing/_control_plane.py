@@ -212,13 +212,15 @@ class ControlPlane:
                     dying_with_parent(
                         [
                             _tool("socat"),
-                            f"UNIX-LISTEN:{self.node_gateway},fork,mode=600",
+                            # Relative: a unix socket's path has at most 107 bytes.
+                            f"UNIX-LISTEN:{self.node_gateway.name},fork,mode=600",
                             f"TCP:127.0.0.1:{self.ports.apiserver}",
                         ]
                     ),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
+                    cwd=self.workdir,
                 )
             deadline = time.monotonic() + 10
             while not self.node_gateway.exists():

@@ -54,6 +54,12 @@ KERNEL_TUNABLES = (
     "kernel/keys/root_maxbytes",
 )
 API_PORT_IN_NODE = 6443
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+"""In the node's own /run: a unix socket's path has at most 107 bytes, and a test's state
+directory can be longer (the sockets the host reaches are named relative to theirs)."""
+KUBELET_SOCKET = "kubelet.sock"
+"""In the node's state directory: the host's forwarder for the API server's calls to the
+kubelet connects to it, the node's forwarder to the kubelet listens on it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +86,20 @@ class NodeRuntime:
             images=tuple(images_dir / archive for archive in sorted(listed)),
         )
 
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeRuntime:
+        fields = json.loads(text)
+        return cls(
+            kubelet=Path(fields["kubelet"]),
+            containerd_bin=Path(fields["containerd_bin"]),
+            images=tuple(Path(image) for image in fields["images"]),
+            runc=fields["runc"],
+            cni_bin=fields["cni_bin"],
+        )
+
     def check(self) -> None:
         wanted = [
             self.kubelet,
@@ -102,6 +122,44 @@ class NodeRuntime:
             _tool(tool)
 
 
+def _remove_orphaned_cgroups() -> None:
+    """Parents named as ``RealNode.cgroup_parent`` whose process is gone: a killed run's."""
+    for hierarchy in _hierarchies():
+        for parent in hierarchy.glob("dra-gpu.*.*"):
+            pid = parent.name.split(".")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                _remove_tree(parent)
+
+
+def _hierarchies() -> list[Path]:
+    """Every cgroup hierarchy mounted here (v1 controllers, named, and a v2 one)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        mount_point = Path(fields[4])
+        if fstype in ("cgroup", "cgroup2") and mount_point.is_relative_to(CGROUP_ROOT):
+            found.append(mount_point)
+    return found
+
+
+def _remove_tree(top: Path, timeout: float = 20.0) -> None:
+    """Bottom-up; a cgroup whose last task is still dying refuses for a moment."""
+    deadline = time.monotonic() + timeout
+    directories = [p for p in [top, *top.rglob("*")] if p.is_dir()]
+    for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
+        while True:
+            try:
+                directory.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
 class RealNode:
     """One real node; ``start()`` returns once the Node is Ready, ``stop()`` leaves nothing."""
 
@@ -113,7 +171,6 @@ class RealNode:
         state_dir: Path,
         runtime: NodeRuntime,
         *,
-        cgroup_parent: str,
         ready_timeout: float = 120.0,
     ) -> None:
         self.cp = control_plane
@@ -121,7 +178,9 @@ class RealNode:
         self.index = index
         self.state = state_dir
         self.runtime = runtime
-        self.cgroup_parent = cgroup_parent
+        self.cgroup_parent = f"dra-gpu.{os.getpid()}.nodes"
+        """Of every node this process starts: the PID in the name lets a later run remove
+        what a killed one left (``_remove_orphaned_cgroups``)."""
         self.ready_timeout = ready_timeout
         self.kubelet_port = 0
         self._unshare: subprocess.Popen[bytes] | None = None
@@ -161,10 +220,6 @@ class RealNode:
     @property
     def cdi_dir(self) -> Path:
         return self.root / "run/cdi"
-
-    @property
-    def containerd_socket(self) -> Path:
-        return self.state / "containerd.sock"
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -321,7 +376,7 @@ class RealNode:
             "failCgroupV1": False,
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": self.cgroup_root,
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
             "port": self.kubelet_port,
             "readOnlyPort": 0,
             "authentication": {
@@ -357,7 +412,7 @@ class RealNode:
                 f"root = '{state / 'root'}'",
                 f"state = '{state / 'state'}'",
                 "[grpc]",
-                f"  address = '{self.containerd_socket}'",
+                f"  address = '{CONTAINERD_SOCKET}'",  # the node's /run: its own
                 "[plugins.'io.containerd.internal.v1.opt']",  # default: /opt/containerd
                 f"  path = '{state / 'opt'}'",
                 "[plugins.'io.containerd.cri.v1.images']",
@@ -393,7 +448,6 @@ class RealNode:
             (str(self.state / "sysctl" / t.replace("/", ".")), f"/proc/sys/{t}")
             for t in KERNEL_TUNABLES
         ]
-        kubelet_socket = self.state / "kubelet.sock"
         containerd = self.runtime.containerd_bin
         self._write_json(
             self.state / "node.json",
@@ -402,18 +456,22 @@ class RealNode:
                 "binds": binds,
                 "addresses": [f"{self.address}/32", f"{FIRST_SERVICE_IP}/32"],
                 "env": {"PATH": f"{containerd}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+                # (listen, connect, directory): unix socket paths are relative to it.
                 "forwards": [
                     (
                         f"TCP-LISTEN:{API_PORT_IN_NODE},bind=127.0.0.1,fork,reuseaddr",
-                        f"UNIX-CONNECT:{gateway}",
+                        f"UNIX-CONNECT:{gateway.name}",
+                        str(gateway.parent),
                     ),
                     (
                         f"TCP-LISTEN:443,bind={FIRST_SERVICE_IP},fork,reuseaddr",
-                        f"UNIX-CONNECT:{gateway}",
+                        f"UNIX-CONNECT:{gateway.name}",
+                        str(gateway.parent),
                     ),
                     (
-                        f"UNIX-LISTEN:{kubelet_socket},fork,unlink-early,mode=600",
+                        f"UNIX-LISTEN:{KUBELET_SOCKET},fork,unlink-early,mode=600",
                         f"TCP:127.0.0.1:{self.kubelet_port}",
+                        str(self.state),
                     ),
                 ],
                 "containerd": {
@@ -421,7 +479,7 @@ class RealNode:
                         str(containerd / "containerd"),
                         f"--config={self.state / 'containerd.toml'}",
                     ],
-                    "socket": str(self.containerd_socket),
+                    "socket": str(CONTAINERD_SOCKET),
                     "ctr": str(containerd / "ctr"),
                     "images": [str(image) for image in self.runtime.images],
                 },
@@ -445,16 +503,16 @@ class RealNode:
                     [
                         _tool("socat"),
                         f"TCP-LISTEN:{self.kubelet_port},bind=127.0.0.1,fork,reuseaddr",
-                        f"UNIX-CONNECT:{self.state / 'kubelet.sock'}",
+                        f"UNIX-CONNECT:{KUBELET_SOCKET}",
                     ]
                 ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                cwd=self.state,
             )
 
     def _spawn(self) -> None:
-        self.containerd_socket.unlink(missing_ok=True)
         init = str(Path(__file__).with_name("_node_init.py"))
         argv = [
             *(_tool("unshare"), "--pid", "--fork", "--kill-child", "--mount-proc"),
@@ -471,19 +529,9 @@ class RealNode:
 
     # ---- cgroups ---------------------------------------------------------------------------
 
-    def _hierarchies(self) -> list[Path]:
-        """Every cgroup hierarchy mounted here (v1 controllers, named, and a v2 one)."""
-        found = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            fields = line.split()
-            fstype = fields[fields.index("-") + 1]
-            mount_point = Path(fields[4])
-            if fstype in ("cgroup", "cgroup2") and mount_point.is_relative_to(CGROUP_ROOT):
-                found.append(mount_point)
-        return found
-
     def _make_cgroups(self) -> None:
-        for hierarchy in self._hierarchies():
+        _remove_orphaned_cgroups()
+        for hierarchy in _hierarchies():
             path = hierarchy / self.cgroup_root.lstrip("/")
             for level in (path.parent, path):
                 if level.exists():
@@ -493,30 +541,13 @@ class RealNode:
                     if (level / inherited).exists():
                         (level / inherited).write_text((level.parent / inherited).read_text())
 
-    def _remove_cgroups(self, timeout: float = 20.0) -> None:
-        """Bottom-up; a cgroup whose last task is still dying refuses for a moment."""
-        deadline = time.monotonic() + timeout
-        for hierarchy in self._hierarchies():
+    def _remove_cgroups(self) -> None:
+        for hierarchy in _hierarchies():
             top = hierarchy / self.cgroup_root.lstrip("/")
-            if not top.exists():
-                continue
-            for directory in sorted(
-                (p for p in [top, *top.rglob("*")] if p.is_dir()),
-                key=lambda p: len(p.parts),
-                reverse=True,
-            ):
-                while True:
-                    try:
-                        directory.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)
+            if top.exists():
+                _remove_tree(top)
             with contextlib.suppress(OSError):
-                top.parent.rmdir()  # the cluster's parent, once its last node is gone
+                top.parent.rmdir()  # the parent, once its last node is gone
 
 
 def _only_child(pid: int) -> int | None:

@@ -36,10 +36,10 @@ class Node:
     def run(self, *argv: str) -> None:
         subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, argv: list[str], cwd: str | None = None) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as out:
             child = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
             )
         self.children[name] = child
         return child
@@ -62,8 +62,8 @@ class Node:
         self.run("ip", "link", "set", "lo", "up")
         for address in self.spec["addresses"]:
             self.run("ip", "addr", "add", address, "dev", "lo")
-        for index, (listen, connect) in enumerate(self.spec["forwards"]):
-            self.spawn(f"forward-{index}", ["socat", listen, connect])
+        for index, (listen, connect, cwd) in enumerate(self.spec["forwards"]):
+            self.spawn(f"forward-{index}", ["socat", listen, connect], cwd=cwd)
 
     def start_containerd(self) -> None:
         spec = self.spec["containerd"]

@@ -11,7 +11,6 @@ The binaries and images come from the repository's build scripts (cached under
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -56,13 +55,10 @@ def nodes(
     control_plane: ControlPlane, node_runtime: NodeRuntime, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[RealNode]]:
     root = tmp_path_factory.mktemp("real-nodes")
-    cgroup_parent = f"dra-gpu-test-{secrets.token_hex(3)}"
     started: list[RealNode] = []
     try:
         for index, name in enumerate(NODES, start=1):
-            node = RealNode(
-                control_plane, name, index, root / name, node_runtime, cgroup_parent=cgroup_parent
-            )
+            node = RealNode(control_plane, name, index, root / name, node_runtime)
             node.start()
             started.append(node)
         yield started
