@@ -314,7 +314,7 @@ def test_kit_up_refuses_a_running_cluster_whose_api_server_is_gone(
     state.mkdir()
     config = kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{closed_port}")
     (state / "env.sh").write_text(
-        f"export KUBECONFIG={config}\nexport DRA_GPU_KUBELET_ROOT={tmp_path}\n"
+        f"export KUBECONFIG={config}\nexport DRA_GPU_NODES_DIR={tmp_path}\n"
         f'export PATH={tmp_path}:"$PATH"\n'
     )
     supervisor = subprocess.Popen(["sleep", "120"])  # alive, as a supervisor whose cp died
