@@ -11,11 +11,12 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit e2e bench chart image reliability run cluster-up cluster-down protos clean
+.PHONY: help venv kubebins lint format test unit e2e matrix bench chart image reliability run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
 	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
+	@echo "make matrix        the e2e suite against Kubernetes 1.35.4, 1.36.3 and 1.37.2 (long)"
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
 	@echo "make reliability   restart, load (20 nodes x 8 GPUs, 200 pods), fuzzing, crash tests"
 	@echo "make chart         helm lint + chart tests (render, dry-run, install, RBAC, policy)"
@@ -61,6 +62,19 @@ unit: venv
 
 e2e: venv kubebins nodebins images
 	$(BIN)/pytest tests/e2e
+
+# The whole e2e suite against every supported Kubernetes version (too long for CI); one log each
+# in .run/matrix/, the summary lines at the end.
+MATRIX_VERSIONS := v1.35.4 v1.36.3 v1.37.2
+matrix: venv nodebins images
+	@mkdir -p .run/matrix
+	@for v in $(MATRIX_VERSIONS); do \
+	  export K8S_VERSION=$$v DRA_GPU_BIN_DIR=$(DRA_GPU_CACHE)/bin/$$v; \
+	  hack/build-kubebins.sh >/dev/null || exit 1; \
+	  echo "== $$v"; \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/e2e > .run/matrix/$$v.log 2>&1; \
+	  tail -1 .run/matrix/$$v.log; \
+	done
 
 # pydra (the only other Python DRA driver) is measured beside ours, from a venv of its own.
 PYDRA_VENV := .run/pydra-venv
