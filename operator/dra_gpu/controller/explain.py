@@ -27,7 +27,6 @@ fit > allocation > node > driver).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import functools
@@ -534,15 +533,19 @@ class World:
             exclusions = self._exclusions[signature] = _Exclusions(self, pod)
         bound = ((pod or {}).get("spec") or {}).get("nodeName") or None
         if self.holders.involves(name, uid):  # it holds devices itself: its own view
+            owners = functools.partial(self.holders.owners_excluding, name=name, uid=uid)
             return _Scope(
-                self,
-                exclusions,
-                bound,
-                functools.partial(self.holders.owners_excluding, name=name, uid=uid),
-                None,
-                detail,
+                self, exclusions, bound, owners, lambda key: bool(owners(key)), None, detail
             )
-        return _Scope(self, exclusions, bound, self.holders.owners, (signature, detail), detail)
+        return _Scope(
+            self,
+            exclusions,
+            bound,
+            self.holders.owners,
+            self.holders.membership(),
+            (signature, detail),
+            detail,
+        )
 
 
 def _pod_signature(pod: Body | None) -> str:
@@ -602,6 +605,8 @@ class _Scope:
     bound_node: str | None
     holders: Callable[[DeviceKey], tuple[str, ...]]
     """Device -> ``ns/name`` of the other claims that hold it (admin access does not count)."""
+    held: Callable[[DeviceKey], bool]
+    """Whether another claim holds the device."""
     shared: tuple[str, bool] | None
     """How checks of this scope may be shared with other claims'; None: they may not."""
     detail: bool
@@ -865,13 +870,42 @@ class _Checked:
 _FITS, _PASSING, _FREE = range(3)
 """Which passing devices ``_fitting_nodes`` counts: those that fit, all, those not allocated."""
 
+# What the hot loop finds for each candidate device: small ints, cheap to compare and count.
+_C_ERROR, _C_MISMATCH, _C_EXCLUDED_ERROR, _C_ALLOCATED, _C_EXCLUDED, _C_FITS = range(6)
+_C_PASSED = _C_ALLOCATED  # this code and those above: every selector accepted the device
+_VERDICT_OF = (
+    Verdict.ERROR,
+    Verdict.MISMATCH,
+    Verdict.EXCLUDED,  # a selector failed with an error, on a node the pod cannot use
+    Verdict.ALLOCATED,
+    Verdict.EXCLUDED,
+    Verdict.FITS,
+)
+
+
+class _Group:
+    """A group of devices as messages read it: how many, and the first ``LIST_LIMIT``."""
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: list[int] = []  # positions among the candidates
+
+    def add(self, position: int) -> None:
+        self.count += 1
+        if len(self.first) < LIST_LIMIT:
+            self.first.append(position)
+
 
 class _RequestCheck:
     """One exactly-request (or subrequest) against every published device.
 
     Only the devices the class does not rule out with a plain "no" (``Layout.candidates``) are
-    checked one by one; the others are all ``OTHER_CLASS``, and listed only when the class has
-    no candidate at all, or in ``detail``.
+    looked at one by one, and only to count them: per verdict, per node, and the first few of
+    each group, which alone get their words written (``_Checked``). The others are all
+    ``OTHER_CLASS``, listed only when the class has no candidate at all. ``detail`` writes out
+    every device.
     """
 
     def __init__(
@@ -892,59 +926,102 @@ class _RequestCheck:
         count = spec.get("count")
         self.count = count if isinstance(count, int) and count > 0 and not self.all_mode else 1
         layout = scope.world.layout
+        self._layout = layout
         self._class_compiled = tuple(s.compiled for s in class_selectors)
         self._class_outcomes = layout.outcomes(self._class_compiled)
-        request_outcomes = (
+        self._request_outcomes = (
             layout.outcomes([s.compiled for s in request_selectors]) if request_selectors else None
         )
-        self.candidates = self._check_candidates(layout, request_outcomes)
-        self.groups: dict[Verdict, list[_Checked]] = {v: [] for v in Verdict}
-        for checked in self.candidates:
-            self.groups[checked.verdict].append(checked)
-        self.passing = [c for c in self.candidates if c.passed]
+        self._indexes = layout.candidates(self._class_compiled)
+        self._groups = {v: _Group() for v in Verdict}
+        self._excluded = _Group()  # passing devices on nodes the pod cannot use
+        self._free = _Group()  # passing devices not allocated
+        self._local: dict[str, list[int]] = {}  # node -> passing, fitting, allocated
+        self._anywhere = [0, 0, 0]  # the same for devices of allNodes/nodeSelector slices
+        self._fit_drivers: set[str] = set()
+        self._codes = self._check_candidates()
+        self.passing = sum(self._local_totals()) + self._anywhere[0]
         self.notes = tuple(p.note for p in scope.world.incomplete if self._may_hold_class(p))
+
+    def _local_totals(self) -> Iterator[int]:
+        return (row[0] for row in self._local.values())
 
     # Per device.
 
-    def _check_candidates(
-        self, layout: Layout, request_outcomes: list[Outcome] | None
-    ) -> list[_Checked]:
+    def _check_candidates(self) -> list[int]:
         """Each device the class does not rule out, in order: the hot loop of a check (tens of
-        thousands of devices), hence the local names."""
-        devices, class_outcomes = layout.devices, self._class_outcomes
+        thousands of devices), hence the local names and no objects per device."""
+        devices, class_outcomes = self._layout.devices, self._class_outcomes
+        request_outcomes = self._request_outcomes
         exclusion = self.scope.exclusions.get
-        holders_of = self.scope.holders
-        class_selectors, request_selectors = self.class_selectors, self.request_selectors
-        found = []
-        append = found.append
-        for i in layout.candidates(self._class_compiled):
+        held = self.scope.held
+        groups, local, anywhere = self._groups, self._local, self._anywhere
+        excluded_group, free_group = self._excluded, self._free
+        codes: list[int] = []
+        last_node: Any = _UNKNOWN
+        excluded: str | None = None
+        row = anywhere
+        for position, i in enumerate(self._indexes):
             device = devices[i]
             node = device.node
-            excluded = exclusion(node) if node else None
+            if node != last_node:
+                last_node = node
+                excluded = exclusion(node) if node else None
+                row = (local.get(node) or local.setdefault(node, [0, 0, 0])) if node else anywhere
             failed = class_outcomes[i]
-            selector_list = class_selectors
             if failed is None and request_outcomes is not None:
-                failed, selector_list = request_outcomes[i], request_selectors
+                failed = request_outcomes[i]
             if failed is not None:
-                index, evaluation = failed
-                if evaluation.error is not None and excluded is not None:
+                if failed[1].error is None:
+                    code = _C_MISMATCH
+                else:
                     # The scheduler filters the node out first and never evaluates its devices.
-                    text = f"{device.label}: {excluded}"
-                    append(_Checked(device, Verdict.EXCLUDED, False, text))
-                    continue
-                # A class's plain "no" is never a candidate: what fails here is the request's.
-                verdict = Verdict.ERROR if evaluation.error is not None else Verdict.MISMATCH
-                append(_Checked(device, verdict, False, why=(selector_list[index], evaluation)))
-                continue
-            holders = holders_of(device.key)
-            if holders:
-                text = f"{device.label} is allocated to {', '.join(holders)}"
-                append(_Checked(device, Verdict.ALLOCATED, True, text))
-            elif excluded is not None:
-                append(_Checked(device, Verdict.EXCLUDED, True, f"{device.label}: {excluded}"))
+                    code = _C_ERROR if excluded is None else _C_EXCLUDED_ERROR
             else:
-                append(_Checked(device, Verdict.FITS, True, f"{device.label} fits"))
-        return found
+                row[0] += 1
+                if held(device.key):
+                    code = _C_ALLOCATED
+                    row[2] += 1
+                elif excluded is not None:
+                    code = _C_EXCLUDED
+                    excluded_group.add(position)
+                    free_group.add(position)
+                else:
+                    code = _C_FITS
+                    row[1] += 1
+                    free_group.add(position)
+                    self._fit_drivers.add(device.driver)
+            codes.append(code)
+            groups[_VERDICT_OF[code]].add(position)
+        return codes
+
+    def _checked(self, position: int) -> _Checked:
+        """The candidate at ``position``, in words."""
+        index = self._indexes[position]
+        device = self._layout.devices[index]
+        code = self._codes[position]
+        verdict = _VERDICT_OF[code]
+        if code in (_C_ERROR, _C_MISMATCH):
+            failed = self._class_outcomes[index]
+            selectors = self.class_selectors
+            if failed is None:
+                failed, selectors = self._request_outcomes[index], self.request_selectors  # type: ignore[index]
+            assert failed is not None
+            return _Checked(device, verdict, False, why=(selectors[failed[0]], failed[1]))
+        passed = code >= _C_PASSED
+        if code == _C_ALLOCATED:
+            text = f"{device.label} is allocated to {', '.join(self.scope.holders(device.key))}"
+        elif code == _C_FITS:
+            text = f"{device.label} fits"
+        else:
+            text = f"{device.label}: {self.scope.exclusions.get(device.node)}"
+        return _Checked(device, verdict, passed, text)
+
+    def _head(self, group: _Group) -> _Head:
+        return _Head([self._checked(p) for p in group.first], group.count)
+
+    def group(self, verdict: Verdict) -> _Head:
+        return self._head(self._groups[verdict])
 
     def _other(self, index: int) -> _Checked:
         """A device the class rules out."""
@@ -957,10 +1034,10 @@ class _RequestCheck:
     @functools.cached_property
     def checked(self) -> list[_Checked]:
         """Every device in natural order (for ``detail``)."""
-        mine = iter(self.candidates)
+        positions = {index: position for position, index in enumerate(self._indexes)}
         return [
-            next(mine) if selections.candidate(outcome) else self._other(index)
-            for index, outcome in enumerate(self._class_outcomes)
+            self._checked(positions[index]) if index in positions else self._other(index)
+            for index in range(len(self._class_outcomes))
         ]
 
     def _may_hold_class(self, pool: _IncompletePool) -> bool:
@@ -974,10 +1051,10 @@ class _RequestCheck:
     # The request as a whole.
 
     def explain(self) -> RequestExplanation:
-        if not self.candidates:
+        if not self._indexes:
             return self._nothing_published()
-        if self.groups[Verdict.ERROR]:
-            listing = _listing([(self.groups[Verdict.ERROR], "more fail")])
+        if self._groups[Verdict.ERROR].count:
+            listing = _listing([(self.group(Verdict.ERROR), "more fail")])
             return self._failure(Reason.SELECTOR_ERROR, f"selector error: {listing}")
         if not self.passing:
             return self._failure(Reason.NO_DEVICE_FITS, f"no device fits: {self._all_items()}")
@@ -992,26 +1069,14 @@ class _RequestCheck:
             reason = Reason.NODE_EXCLUDED
         return self._failure(reason, f"{self._headline()}: {self._all_items()}")
 
-    @functools.cached_property
-    def _per_node(self) -> tuple[dict[str, list[int]], list[int]]:
-        """Passing devices per node, and of allNodes/nodeSelector slices: how many, how many
-        fit, how many are allocated."""
-        local: dict[str, list[int]] = {}
-        anywhere = [0, 0, 0]
-        for checked in self.passing:
-            node = checked.device.node
-            row = (local.get(node) or local.setdefault(node, [0, 0, 0])) if node else anywhere
-            row[0] += 1
-            row[1] += checked.verdict is Verdict.FITS
-            row[2] += checked.verdict is Verdict.ALLOCATED
-        return local, anywhere
-
     def _fitting_nodes(self, usable: int, *, respect_exclusion: bool) -> list[str]:
         """Nodes where enough passing devices are ``usable`` (``_FITS``, ``_PASSING`` or
         ``_FREE``; for All: every one of them)."""
-        local, anywhere = self._per_node
+        local, anywhere = self._local, self._anywhere
         exclusions = self.scope.exclusions
-        candidates = set(local) | (set(exclusions) if anywhere[0] else set())
+        candidates = {n for n, row in local.items() if row[0]}
+        if anywhere[0]:
+            candidates |= set(exclusions)
         if respect_exclusion:
             candidates = {n for n in candidates if exclusions.get(n) is None}
         fitting = []
@@ -1035,16 +1100,15 @@ class _RequestCheck:
             return "needs every matching device of one node, free"
         if self.count == 1:
             return "no device fits"
-        free = collections.Counter(c.device.node for c in self.groups[Verdict.FITS])
-        most = max(free.values(), default=0)
+        most = max([row[1] for row in self._local.values()] + [self._anywhere[1]])
         return f"needs {self.count} devices on one node, at most {most} available"
 
     def _all_items(self) -> str:
         groups = [
-            (self.groups[Verdict.MISMATCH], "more do not match"),
-            (self.groups[Verdict.ALLOCATED], "more are allocated"),
-            (self.groups[Verdict.EXCLUDED], "more are on excluded nodes"),
-            (self.groups[Verdict.FITS], "more fit"),
+            (self.group(Verdict.MISMATCH), "more do not match"),
+            (self.group(Verdict.ALLOCATED), "more are allocated"),
+            (self.group(Verdict.EXCLUDED), "more are on excluded nodes"),
+            (self.group(Verdict.FITS), "more fit"),
         ]
         return "; ".join(filter(None, [_listing(groups), *self.notes]))
 
@@ -1077,7 +1141,7 @@ class _RequestCheck:
         node_reason = (
             f"the pod is bound to {bound}" if bound else f"{_names(nodes)} can run the pod"
         )
-        drivers = sorted({c.device.driver for c in self.groups[Verdict.FITS]})
+        drivers = sorted(self._fit_drivers)
         driver_reason = f"{', '.join(drivers)} published devices for {_names(nodes)}"
         return self._result(
             Reason.FITS,
@@ -1089,18 +1153,16 @@ class _RequestCheck:
         )
 
     def _free_text(self) -> str:
-        free = [c for c in self.passing if c.verdict != Verdict.ALLOCATED]
-        labels = [c.device.label for c in free]
-        shown = ", ".join(labels[:LIST_LIMIT])
-        more = f" and {len(labels) - LIST_LIMIT} more" if len(labels) > LIST_LIMIT else ""
-        return f"{shown}{more} {'fits' if len(labels) == 1 else 'fit'}"
+        free = self._free
+        shown = ", ".join(self._checked(p).device.label for p in free.first)
+        more = f" and {free.count - LIST_LIMIT} more" if free.count > LIST_LIMIT else ""
+        return f"{shown}{more} {'fits' if free.count == 1 else 'fit'}"
 
     def _node_piece(self) -> Piece:
         """Whether a node the pod may use holds a device that passes the selectors."""
-        anywhere = any(c.device.node is None for c in self.passing)
-        nodes = {c.device.node for c in self.passing if c.device.node}
+        nodes = {n for n, row in self._local.items() if row[0]}
         exclusions = self.scope.exclusions
-        if anywhere:
+        if self._anywhere[0]:
             nodes |= set(exclusions)
         eligible = sorted((n for n in nodes if exclusions.get(n) is None), key=_natural)
         if eligible:
@@ -1108,8 +1170,7 @@ class _RequestCheck:
         return Piece("node", False, self._exclusions_text())
 
     def _exclusions_text(self) -> str:
-        excluded = [c for c in self.passing if c.verdict == Verdict.EXCLUDED]
-        listing = _listing([(excluded, "more are on excluded nodes")])
+        listing = _listing([(self._head(self._excluded), "more are on excluded nodes")])
         return _bounded(f"request {self.name}: {listing or 'no node can run the pod'}")
 
     def _result(
@@ -1143,17 +1204,6 @@ class _RequestCheck:
 
 
 # --- selectors in plain words ------------------------------------------------------------
-
-
-def _evaluate(selector: _Selector, device: _Device) -> tuple[Verdict, str] | None:
-    """None when the selector accepts the device; otherwise the verdict and why, in words."""
-    result = cel.evaluate(selector.compiled, device.driver, device.body)
-    if result.error is not None:
-        where = f"{selector.owner}selector #{selector.index}"
-        return Verdict.ERROR, f"{device.label}: {where}: {_one_line(result.error)}"
-    if result.matched:
-        return None
-    return Verdict.MISMATCH, _mismatch_text(selector, device)
 
 
 _S = r"\s*"

@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import functools
 import re
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import cel
@@ -253,6 +253,10 @@ class HolderIndex:
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+    def membership(self) -> Callable[[object], bool]:
+        """``key in index``, as a function that is quick to call in a loop."""
+        return self._entries.__contains__
 
     def __len__(self) -> int:
         return len(self._entries)
