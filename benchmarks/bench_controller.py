@@ -702,6 +702,26 @@ def _api_body(body: Body) -> Body:
     return out
 
 
+def _api_pod(body: Body) -> Body:
+    """A pod as a client creates it; one that uses a claim names it (it exists already)."""
+    pod = _api_body(body)
+    pod["spec"]["volumes"] = []
+    pod["spec"]["containers"][0]["volumeMounts"] = []
+    if pod["spec"].get("resourceClaims"):
+        claim = body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod
+
+
+async def explained(api: kube.Kube, namespace: str, claim: str) -> bool:
+    from dra_gpu.controller.reporter import COMPONENT
+
+    listing = await api.get(
+        f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={claim}"
+    )
+    return any(e.get("reportingComponent") == COMPONENT for e in listing.get("items", []))
+
+
 async def populate(api: kube.Kube, cluster: Cluster) -> None:
     sem = asyncio.Semaphore(16)
     namespaces = {f"team-{n}" for n in range(10)}
@@ -716,9 +736,9 @@ async def populate(api: kube.Kube, cluster: Cluster) -> None:
             elif kind == "ResourceSlice":
                 await api.create(f"{RESOURCE}/resourceslices", _api_body(body))
             elif kind == "Node":
-                created = await api.create("/api/v1/nodes", _api_body(body))
-                created["status"] = body["status"]
-                await api.replace(f"/api/v1/nodes/{meta['name']}/status", created)
+                await api.create("/api/v1/nodes", _api_body(body))
+                status = {"status": body["status"]}
+                await api.patch(f"/api/v1/nodes/{meta['name']}/status", status)
             elif kind == "ResourceClaim":
                 path = f"{RESOURCE}/namespaces/{meta['namespace']}/resourceclaims"
                 created = await api.create(path, _api_body(body))
@@ -726,18 +746,7 @@ async def populate(api: kube.Kube, cluster: Cluster) -> None:
                     created["status"] = body["status"]
                     await api.replace(f"{path}/{meta['name']}/status", created)
             elif kind == "Pod":
-                pod = _api_body(body)
-                pod["spec"]["volumes"] = []
-                pod["spec"]["containers"][0]["volumeMounts"] = []
-                if pod["spec"].get("resourceClaims"):  # the claim exists: name it directly
-                    pod["spec"]["resourceClaims"] = [
-                        {
-                            "name": "gpu",
-                            "resourceClaimName": body["status"]["resourceClaimStatuses"][0][
-                                "resourceClaimName"
-                            ],
-                        }
-                    ]
+                pod = _api_pod(body)
                 await api.create(f"/api/v1/namespaces/{meta['namespace']}/pods", pod)
 
     events = list(cluster.initial())
@@ -780,7 +789,7 @@ async def run_apiserver(shape: Shape, changes: int) -> None:
                     t = time.perf_counter()
                     await api.create(
                         f"{RESOURCE}/namespaces/team-0/resourceclaims",
-                        _api_body(claim_body(10_000_000 + i, shape.classes)),
+                        _api_body(claim_body(10_000_000 + 10 * i, shape.classes)),
                     )
                     await eventually(
                         lambda before=before: (
@@ -791,10 +800,30 @@ async def run_apiserver(shape: Shape, changes: int) -> None:
                         what="the new claim counted",
                     )
                     lags.append(time.perf_counter() - t)
+                explain_lags = []
+                for i in range(changes):  # a claim no node can satisfy, and its waiting pod
+                    j = 20_000_000 + 10 * i
+                    claim, pod = claim_body(j, shape.classes), pod_body(j, claim=True, node=None)
+                    namespace = claim["metadata"]["namespace"]
+                    await api.create(
+                        f"{RESOURCE}/namespaces/{namespace}/resourceclaims", _api_body(claim)
+                    )
+                    t = time.perf_counter()
+                    await api.create(f"/api/v1/namespaces/{namespace}/pods", _api_pod(pod))
+                    await eventually(
+                        lambda meta=claim["metadata"]: explained(
+                            api, meta["namespace"], meta["name"]
+                        ),
+                        timeout=120,
+                        interval=0.05,
+                        what="the new waiting pod's claim explained",
+                    )
+                    explain_lags.append(time.perf_counter() - t)
                 memory = rss_mib(controller.pid or 0)
             finally:
                 controller.stop()
     p50, p99 = percentile(lags, 50), percentile(lags, 99)
+    e50, e99 = percentile(explain_lags, 50), percentile(explain_lags, 99)
     print(
         f"\ncontroller process on the real API server: {shape.nodes} nodes x {shape.gpus}, "
         f"{shape.classes} classes, {shape.claims} claims ({shape.pending} pending), "
@@ -802,10 +831,13 @@ async def run_apiserver(shape: Shape, changes: int) -> None:
     )
     print(f"  complete view after start   {complete:7.2f} s")
     print(f"  claim change -> metric lag  p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
+    print(f"  new waiting pod -> Event    p50 {e50 * 1000:7.1f} ms  p99 {e99 * 1000:7.1f} ms")
     print(f"  resident memory             {memory:7.1f} MiB")
     print(f"BENCH controller_apiserver_complete_view {complete:.3f} s")
     print(f"BENCH controller_apiserver_lag_p50 {p50 * 1000:.1f} ms")
     print(f"BENCH controller_apiserver_lag_p99 {p99 * 1000:.1f} ms")
+    print(f"BENCH controller_apiserver_explain_lag_p50 {e50 * 1000:.1f} ms")
+    print(f"BENCH controller_apiserver_explain_lag_p99 {e99 * 1000:.1f} ms")
     print(f"BENCH controller_apiserver_rss {memory:.1f} MiB")
 
 
