@@ -48,7 +48,10 @@ async def load_view(api: kube.Kube, namespace: str) -> ClusterView:
 
 
 async def prepare_error(api: kube.Kube, pod: kube.Body) -> str | None:
-    """The kubelet's latest FailedPrepareDynamicResources message on the pod, if any."""
+    """The kubelet's latest FailedPrepareDynamicResources message on the pod, if any, while it
+    matters: once the pod left Pending its claims were prepared, and the event is history."""
+    if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+        return None
     meta = pod["metadata"]
     listing = await api.get(
         f"/api/v1/namespaces/{meta['namespace']}/events",

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 
 from dra_gpu import kube
+from dra_gpu.controller.command import explain_target
 from dra_gpu.testing import ControlPlane, RealNode, eventually
 from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, events_of
 
@@ -54,6 +55,7 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
     kubectl: Kubectl,
     helm: Helm,
     nodes: list[RealNode],
+    control_plane: ControlPlane,
     tutorial_cluster_objects: None,
     namespace: str,  # after the release: removed before it, while the driver can unprepare
 ) -> None:
@@ -141,3 +143,8 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
     ]
     logs = await kubectl("logs", "-n", ns, pod_name)
     assert "GPU_DEVICE_0=gpu-0" in logs.splitlines(), logs
+
+    # The kubelet's "not registered" is history once the pod runs: explain says so.
+    explained = await explain_target(control_plane.kubeconfig, f"pod/{pod_name}", ns)
+    driver = next(line for line in explained.splitlines() if line.startswith("driver"))
+    assert "NO" not in driver.split(), explained
