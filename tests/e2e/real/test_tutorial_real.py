@@ -22,6 +22,9 @@ from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, events_of
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 RELEASE, RELEASE_NS = "dra-gpu", "dra-gpu"
+DRA_KINDS = {"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"}
+# Served besides the tutorial's four where the feature is on by default (GA in 1.37).
+LATER_KINDS = {"DeviceTaintRule"}
 
 
 @pytest_asyncio.fixture
@@ -37,10 +40,22 @@ async def helm(control_plane: ControlPlane) -> Helm:
     return Helm(control_plane)
 
 
+async def test_resource_api_group_has_the_four_dra_kinds(kubectl: Kubectl) -> None:
+    out = await kubectl("api-resources", "--api-group=resource.k8s.io", "--no-headers")
+    kinds = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert kinds >= DRA_KINDS
+    assert kinds - DRA_KINDS <= LATER_KINDS
+
+
 async def _pod(api: kube.Kube, ns: str) -> kube.Body | None:
     pods = await api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="app=recomendador")
     items = pods["items"]
     return items[0] if len(items) == 1 else None
+
+
+async def _claims(api: kube.Kube, ns: str) -> list[kube.Body]:
+    claims: list[kube.Body] = (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"]
+    return claims
 
 
 async def _event_with(api: kube.Kube, ns: str, reason: str, text: str) -> kube.Body | None:
@@ -62,20 +77,30 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
     ns = namespace
     await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "recomendador.yaml"))
     pod = await eventually(lambda: _pod(api, ns), what="the recomendador pod")
-    pod_name = pod["metadata"]["name"]
+    pod_name, pod_uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    claims = await eventually(
+        lambda: _claims(api, ns), what="the ResourceClaim generated from the template"
+    )
+    assert len(claims) == 1
+    claim = claims[0]
+    assert claim["metadata"]["name"].startswith(f"{pod_name}-gpu-")
+    owner = claim["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", pod_name, pod_uid)
 
     # The four messages, in order, as the tutorial shows them.
-    await eventually(
+    missing_class = await eventually(
         lambda: _event_with(
             api, ns, "FailedScheduling", "device class gpu-inferencia does not exist"
         ),
         what="FailedScheduling: device class gpu-inferencia does not exist",
     )
+    assert missing_class["message"].startswith("0/3 nodes are available")
     await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
-    await eventually(
+    no_devices = await eventually(
         lambda: _event_with(api, ns, "FailedScheduling", "cannot allocate all claims"),
         what="FailedScheduling: cannot allocate all claims",
     )
+    assert "0/3 nodes are available: 3 cannot allocate all claims" in no_devices["message"]
     await kubectl("apply", "-f", str(EXAMPLES / "resourceslice.yaml"))
     await eventually(
         lambda: _event_with(
@@ -90,6 +115,18 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
         what="the real kubelet: DRA driver gpu.example.com is not registered",
     )
     assert not_registered["source"] == {"component": "kubelet", "host": "node-01"}
+    assert not_registered["message"] == (
+        "Failed to prepare dynamic resources: prepare dynamic resources: "
+        "DRA driver gpu.example.com is not registered"
+    )
+    claim = (await _claims(api, ns))[0]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["driver"], r["pool"], r["device"], r["request"]) for r in results] == [
+        ("gpu.example.com", "node-01", "gpu-0", "gpu")
+    ]
+    assert claim["status"]["reservedFor"] == [
+        {"resource": "pods", "name": pod_name, "uid": pod_uid}
+    ]
     table = await kubectl(
         *("get", "events", "-n", ns, "--field-selector", "involvedObject.kind=Pod"),
         *("--sort-by=.lastTimestamp", "--no-headers"),
@@ -105,6 +142,9 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
         )
     ]
     assert order == sorted(order), f"events out of order:\n{table}"
+    assert all("FailedScheduling" in rows[i] for i in order[:2]), table
+    assert "Scheduled" in rows[order[2]], table
+    assert "FailedPrepareDynamicResources" in rows[order[3]], table
 
     # The driver takes the hand-made slice's place: installed as a platform team installs it.
     await api.delete(f"{RESOURCE}/resourceslices/nodo-simulado-gpu")
