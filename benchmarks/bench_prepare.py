@@ -6,7 +6,11 @@ subresource, as the scheduler would), then calls NodePrepareResources and NodeUn
 over the agent's unix socket:
 
 - one claim at a time (``--rounds`` claims, prepare then unprepare each);
-- ``--in-flight`` claims at once (one RPC per claim, all started together).
+- ``--in-flight`` claims at once (one RPC per claim, all started together), for each of the
+  given counts (default 100 and 1,000); failed claims are counted.
+
+The agent's resident memory (``VmRSS``, and its peak ``VmHWM``) is read from ``/proc`` once it
+is ready and again after the run.
 
 The floor is what no implementation can avoid: one GET of the claim plus one atomic file write,
 measured in this process with the same HTTP client. With ``--pydra-python`` (an interpreter
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -60,38 +65,48 @@ def report(name: str, seconds: list[float]) -> tuple[float, float]:
     return p50, p99
 
 
+def memory_mib(pid: int) -> dict[str, float]:
+    """The process's resident memory now (``VmRSS``) and at its peak (``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    kib = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", status, re.MULTILINE))
+    return {key: int(value) / 1024 for key, value in kib.items()}
+
+
 async def make_claims(api: kube.Kube, namespace: str, count: int) -> list[v1.Claim]:
-    claims = []
     base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-    for i in range(count):
-        body = {
-            "metadata": {"name": f"bench-{i}"},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "bench-gpu"}}]
-                }
-            },
-        }
-        created = await api.create(base, body)
-        created["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": DRIVER,
-                            "pool": NODE,
-                            "device": f"gpu-{i % DEVICES}",
-                        }
-                    ]
-                }
+    limit = asyncio.Semaphore(16)
+
+    async def make(i: int) -> v1.Claim:
+        async with limit:
+            return await make_claim(api, base, namespace, i)
+
+    return list(await asyncio.gather(*(make(i) for i in range(count))))
+
+
+async def make_claim(api: kube.Kube, base: str, namespace: str, i: int) -> v1.Claim:
+    body = {
+        "metadata": {"name": f"bench-{i}"},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "bench-gpu"}}]}
+        },
+    }
+    created = await api.create(base, body)
+    created["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRIVER,
+                        "pool": NODE,
+                        "device": f"gpu-{i % DEVICES}",
+                    }
+                ]
             }
         }
-        await api.replace(f"{base}/bench-{i}/status", created)
-        claims.append(
-            v1.Claim(namespace=namespace, name=f"bench-{i}", uid=created["metadata"]["uid"])
-        )
-    return claims
+    }
+    await api.replace(f"{base}/bench-{i}/status", created)
+    return v1.Claim(namespace=namespace, name=f"bench-{i}", uid=created["metadata"]["uid"])
 
 
 async def one_at_a_time(
@@ -122,10 +137,21 @@ async def empty_calls(stub: v1_grpc.DRAPluginStub, rounds: int) -> list[float]:
     return timings
 
 
-async def in_flight(stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]) -> dict[str, list[float]]:
+async def in_flight(
+    stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]
+) -> tuple[dict[str, list[float]], int]:
+    """Timings, and how many claims got an error (or no answer) from either call."""
+    errors = 0
+
     async def timed(call: object) -> float:
+        nonlocal errors
         t0 = time.perf_counter()
-        await call  # type: ignore[misc]
+        try:
+            response = await call  # type: ignore[misc]
+        except grpc.aio.AioRpcError:
+            errors += 1
+        else:
+            errors += sum(1 for c in response.claims.values() if c.error)
         return time.perf_counter() - t0
 
     prepare = await asyncio.gather(
@@ -140,7 +166,7 @@ async def in_flight(stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]) -> dict
             for c in claims
         )
     )
-    return {"prepare": list(prepare), "unprepare": list(unprepare)}
+    return {"prepare": list(prepare), "unprepare": list(unprepare)}, errors
 
 
 async def floor(api: kube.Kube, claims: list[v1.Claim], directory: Path) -> list[float]:
@@ -192,7 +218,7 @@ async def pydra(python: str, work: Path, claims: list[v1.Claim]) -> dict[str, li
 
 
 async def run(
-    cp: ControlPlane, work: Path, rounds: int, concurrent: int, pydra_python: str | None
+    cp: ControlPlane, work: Path, rounds: int, concurrent: list[int], pydra_python: str | None
 ) -> None:
     profile = work / "profile.yaml"
     profile.write_text(
@@ -206,9 +232,11 @@ async def run(
             NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent", profile=profile
         )
         await agent.astart()
+        assert agent.pid is not None
         try:
+            memory_ready = memory_mib(agent.pid)
             await api.create("/api/v1/namespaces", {"metadata": {"name": "bench"}})
-            claims = await make_claims(api, "bench", max(rounds, concurrent))
+            claims = await make_claims(api, "bench", max(rounds, *concurrent))
             socket = f"unix://{kubelet.kubelet_dir(NODE)}/plugins/{DRIVER}/dra.sock"
             async with grpc.aio.insecure_channel(socket) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
@@ -217,31 +245,46 @@ async def run(
                 before = server_side(agent.metrics())
                 sequential = await one_at_a_time(stub, claims[:rounds])
                 inside = server_side(agent.metrics(), before)
-                parallel = await in_flight(stub, claims[:concurrent])
+                parallel = {n: await in_flight(stub, claims[:n]) for n in concurrent}
+            memory_after = memory_mib(agent.pid)
             floor_times = await floor(api, claims[:rounds], work / "floor")
             peer = await pydra(pydra_python, work, claims[:rounds]) if pydra_python else None
         finally:
             agent.stop()
     print(
-        f"\nprepare/unprepare latency, {rounds} claims one at a time, {concurrent} in flight "
+        f"\nprepare/unprepare latency, {rounds} claims one at a time, "
+        f"{' and '.join(map(str, concurrent))} in flight "
         f"(kubelet's view, gRPC over a unix socket, real API server)\n"
     )
-    floor_p50, _ = report("floor_get_claim_plus_atomic_write", floor_times)
+    floor_p50, floor_p99 = report("floor_get_claim_plus_atomic_write", floor_times)
     report("grpc_round_trip_empty_prepare", empty)
     mean_inside = inside[0] / inside[1] * 1000 if inside[1] else float("nan")
     print(f"{'prepare_inside_the_agent (mean)':<42} {mean_inside:8.2f} ms")
     print(f"BENCH prepare_inside_agent_mean {mean_inside:.3f} ms")
-    prepare_p50, _ = report("prepare_one_at_a_time", sequential["prepare"])
+    prepare_p50, prepare_p99 = report("prepare_one_at_a_time", sequential["prepare"])
     report("unprepare_one_at_a_time", sequential["unprepare"])
     report("prepare_plus_unprepare_one_at_a_time", sequential["both"])
-    report(f"prepare_{concurrent}_in_flight", parallel["prepare"])
-    report(f"unprepare_{concurrent}_in_flight", parallel["unprepare"])
+    for n, (timings, errors) in parallel.items():
+        report(f"prepare_{n}_in_flight", timings["prepare"])
+        report(f"unprepare_{n}_in_flight", timings["unprepare"])
+        print(f"{f'claims with an error, {n} in flight':<42} {errors}")
+        print(f"BENCH prepare_{n}_in_flight_errors {errors} claims")
     if peer is not None:
         pydra_p50, _ = report("pydra_tpu_prepare_one_at_a_time", peer["prepare"])
         report("pydra_tpu_prepare_plus_unprepare_one_at_a_time", peer["both"])
+    for when, memory in (("ready", memory_ready), ("after_the_run", memory_after)):
+        print(
+            f"{f'agent memory, {when}':<42} RSS={memory['VmRSS']:6.1f} MiB  "
+            f"peak={memory['VmHWM']:6.1f} MiB"
+        )
+        print(f"BENCH agent_rss_{when} {memory['VmRSS']:.1f} MiB")
+    print(f"BENCH agent_rss_peak {memory_after['VmHWM']:.1f} MiB")
     ratio = prepare_p50 / floor_p50
-    print(f"\nprepare p50 / floor p50 = {ratio:.2f} (goal <= 1.5)")
+    print(f"\nprepare p50 / floor p50 = {ratio:.2f} (goal <= 1.2)")
     print(f"BENCH prepare_p50_over_floor_p50 {ratio:.3f} ratio")
+    ratio99 = prepare_p99 / floor_p99
+    print(f"prepare p99 / floor p99 = {ratio99:.2f} (goal <= 2)")
+    print(f"BENCH prepare_p99_over_floor_p99 {ratio99:.3f} ratio")
     if peer is not None:
         print(f"prepare p50 / pydra prepare p50 = {prepare_p50 / pydra_p50:.2f}")
         print(f"BENCH prepare_p50_over_pydra_p50 {prepare_p50 / pydra_p50:.3f} ratio")
@@ -251,7 +294,12 @@ async def run(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--in-flight", type=int, default=100)
+    parser.add_argument(
+        "--in-flight",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[100, 1000],
+        help="comma-separated claim counts started together [default: 100,1000]",
+    )
     parser.add_argument("--pydra-python", help="interpreter with kubernetes-pydra installed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, ControlPlane() as cp:
