@@ -69,6 +69,23 @@ SLICE_PUBLICATIONS = Counter(
     ["result"],
     registry=AGENT,
 )
+SLICE_POOL_CONFLICTS = Counter(
+    "dra_gpu_slice_pool_conflicts_total",
+    "Writes of another agent (same driver and node) found over this agent's ResourceSlice pool.",
+    registry=AGENT,
+)
+SLICE_POOL_YIELDING = Gauge(
+    "dra_gpu_slice_pool_yielding",
+    "1 while this agent leaves its pool to another agent that the kubelet registered later.",
+    registry=AGENT,
+)
+SLICE_POOL_OTHER_WRITER = Gauge(
+    "dra_gpu_slice_pool_other_writer",
+    "1 for the other agent last found writing this agent's pool (instance: this agent, other: "
+    "that one, or 'unnamed'); no series without a conflict in the last 5 minutes.",
+    ["instance", "other"],
+    registry=AGENT,
+)
 CHECKPOINT_CORRUPTIONS = Counter(
     "dra_gpu_checkpoint_corruptions_total",
     "Checkpoint files found corrupt at start, moved aside and rebuilt.",

@@ -6,10 +6,16 @@ rules: one pool per node, named after the node; at most 128 devices per slice; e
 the pool carries the same generation and ``resourceSliceCount``; at least one slice even with no
 devices, because an empty pool says "this node has none" and a missing pool says "not known yet";
 an ownerReference to the Node, so deleting the Node garbage-collects its slices.
+
+Every slice also says which agent wrote it (``PUBLISHER_ANNOTATION``: the instance and when the
+kubelet registered it), so that an agent can tell its own pool from one that another agent for
+the same driver and node wrote since, and which of the two the kubelet registered last.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import json
 import re
@@ -24,10 +30,56 @@ MANAGED_BY_VALUE = "dra-gpu"
 NODE_LABEL = "resource.dra-gpu.io/node"
 """The node's name, or a shortened unique form if it is longer than a label value may be (63)."""
 MAX_DEVICES_PER_SLICE = 128
+PUBLISHER_ANNOTATION = "resource.dra-gpu.io/publisher"
+"""``<registered> <instance>``: see ``Publisher``."""
 
 SliceBody = dict[str, Any]
 
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_REGISTERED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Publisher:
+    """One agent process as the writer of a pool, ordered by when the kubelet registered it.
+
+    The kubelet calls the plugin it registered last (a new socket at the plugin's path replaces
+    the old one), so of two agents of one driver on one node, the later registered is the one
+    that prepares claims, and the one whose devices the pool should show.
+    """
+
+    registered: str
+    """When the kubelet last accepted this agent's registration: RFC 3339, UTC, microseconds,
+    fixed width, so that comparing the strings compares the times (one node, one clock)."""
+    instance: str
+    """Unique per process (pod name and a random part); breaks a tie of ``registered``."""
+
+    @classmethod
+    def at(cls, registered: datetime.datetime, instance: str) -> Publisher:
+        when = registered.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return cls(when, instance)
+
+    def annotation(self) -> str:
+        return f"{self.registered} {self.instance}"
+
+    @classmethod
+    def parse(cls, text: str) -> Publisher | None:
+        """The publisher an annotation names; None if it is not in our format."""
+        registered, _, instance = text.partition(" ")
+        if not _REGISTERED.fullmatch(registered) or not instance or " " in instance:
+            return None
+        return cls(registered, instance)
+
+    def __str__(self) -> str:
+        return f"{self.instance} (registered {self.registered})"
+
+
+def publisher_of(body: SliceBody) -> Publisher | None:
+    """Who wrote a slice of ours, by its annotation; None for a slice without one (written by
+    a dra-gpu agent older than the annotation, or by hand)."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(PUBLISHER_ANNOTATION)
+    return Publisher.parse(text) if isinstance(text, str) else None
 
 
 def build_slices(
@@ -38,8 +90,10 @@ def build_slices(
     generation: int,
     *,
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+    publisher: Publisher | None = None,
 ) -> list[SliceBody]:
-    """The complete ResourceSlice bodies of ``node_name``'s pool at ``generation``.
+    """The complete ResourceSlice bodies of ``node_name``'s pool at ``generation``, each
+    annotated with its ``publisher`` if one is given.
 
     Devices are published in a stable order (by index, then name), so the same inventory always
     gives the same bodies. Unhealthy devices are left out: without the (alpha) device-taint
@@ -60,6 +114,7 @@ def build_slices(
         ordered[i : i + max_devices_per_slice]
         for i in range(0, len(ordered), max_devices_per_slice)
     ] or [[]]
+    annotations = {PUBLISHER_ANNOTATION: publisher.annotation()} if publisher else {}
     return [
         {
             "apiVersion": API_VERSION,
@@ -70,6 +125,7 @@ def build_slices(
                     MANAGED_BY_LABEL: MANAGED_BY_VALUE,
                     NODE_LABEL: node_label_value(node_name),
                 },
+                **({"annotations": dict(annotations)} if annotations else {}),
                 "ownerReferences": [
                     {
                         "apiVersion": "v1",

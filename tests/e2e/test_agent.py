@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import stat
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -642,3 +643,24 @@ async def test_metrics_and_probes_expose_no_credentials(
 def read_page(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read()).decode()
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name
+)
+async def test_sighup_and_sigint_stop_the_agent_as_cleanly_as_sigterm(
+    api: kube.Kube, kubelet: KubeletStandIn, start_agent: AgentFactory, signum: signal.Signals
+) -> None:
+    agent = await start_agent("node-02")
+    assert agent.pid is not None
+    os.kill(agent.pid, signum)
+
+    await eventually(lambda: agent.exited, what=f"the agent gone after {signum.name}")
+    assert agent.stop() == 0, agent.log_file.read_text()[-2000:]
+    # Its sockets went with it (the kubelet would keep a dead plugin registered), its slices
+    # stayed (a restarting agent must not empty the node).
+    registry = kubelet.kubelet_dir("node-02") / "plugins_registry"
+    assert list(registry.glob(f"{DRIVER}*")) == []
+    assert not (kubelet.kubelet_dir("node-02") / "plugins" / DRIVER / "dra.sock").exists()
+    assert await node_slices(api, "node-02") != []
+    assert "stopping; slices stay published" in agent.log_file.read_text()

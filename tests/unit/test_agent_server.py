@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import stat
 from pathlib import Path
 
@@ -54,3 +55,57 @@ async def test_a_refused_registration_is_recorded_with_the_kubelets_reason(tmp_p
     )
     assert (status.registered, status.error) == (False, "version mismatch")
     assert not status.accepted.is_set()
+
+
+def servers(tmp_path: Path, name: str) -> server.PluginServers:
+    return server.serve(
+        state(tmp_path / name),
+        driver="gpu.example.com",
+        dra_socket=tmp_path / "plugins" / "gpu.example.com" / "dra.sock",
+        registration_socket=tmp_path / "plugins_registry" / "gpu.example.com-reg.sock",
+        status=server.RegistrationStatus(),
+    )
+
+
+async def test_sockets_taken_by_another_agent_are_left_to_it_and_come_back_when_it_goes(
+    tmp_path: Path,
+) -> None:
+    first, second = servers(tmp_path, "a"), servers(tmp_path, "b")
+    async with first:
+        assert await first.check() is None
+        async with second:  # another agent of the driver starts: it replaces our sockets
+            found = await first.check()
+            assert found is not None
+            assert "was replaced by another process's socket" in found
+            assert await first.check() is None  # said once
+            assert await server.answers(second.registration_socket, second.dra_socket)
+        # It stopped and removed its sockets (only its own): ours come back.
+        assert not first.registration_socket.exists()
+        found = await first.check()
+        assert found is not None
+        assert found.startswith("re-created")
+        assert await server.answers(first.registration_socket, first.dra_socket)
+    assert not first.registration_socket.exists()
+
+
+async def test_a_socket_file_nobody_listens_on_is_replaced(tmp_path: Path) -> None:
+    first = servers(tmp_path, "a")
+    async with first:
+        # A crashed agent's leftover: a socket file of its own that nobody listens on.
+        first.registration_socket.unlink()
+        with socket.socket(socket.AF_UNIX) as stale:
+            stale.bind(str(first.registration_socket))
+        found = await first.check()
+        assert found is not None
+        assert found.startswith("re-created")
+        assert await server.answers(first.registration_socket, first.dra_socket)
+
+
+async def test_stopping_leaves_a_socket_that_another_agent_put_in_our_place(
+    tmp_path: Path,
+) -> None:
+    first, second = servers(tmp_path, "a"), servers(tmp_path, "b")
+    await first.start()
+    async with second:
+        await first.stop()  # the old pod finally goes, after the new one started
+        assert await server.answers(second.registration_socket, second.dra_socket)

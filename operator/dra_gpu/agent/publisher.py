@@ -10,20 +10,33 @@ published again; the inventory is re-read every ``resync_seconds``.
 
 Slices are never deleted on shutdown: a restarting agent must not empty the node, and a deleted
 Node takes its slices with it through their ownerReference.
+
+Every write is signed with this process's ``instance`` and the time the kubelet registered it
+(``slices.Publisher``). A pool that another agent wrote is left to ``contention``'s rules: the
+agent the kubelet registered last publishes, the other backs off exponentially and takes over
+when it is gone; the conflict is logged, posted as a Warning Event on the Node and counted
+(``dra_gpu_slice_pool_*`` metrics name both instances).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
+import secrets
+import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
-from dra_gpu import kube, metrics, slices
+from dra_gpu import events, kube, metrics, slices
+from dra_gpu.agent.contention import Contention
 from dra_gpu.devices import model
 
 log = logging.getLogger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+COMPONENT = "dra-gpu-agent"
+CONFLICT_REASON = "ResourcePoolConflict"
 
 
 class SlicePublisher:
@@ -36,6 +49,10 @@ class SlicePublisher:
         node: str,
         resync_seconds: float = 30.0,
         retry_seconds: float = 2.0,
+        instance: str = "dra-gpu-agent",
+        registered_at: Callable[[], datetime.datetime | None] = lambda: None,
+        contention: Contention | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.backend = backend
@@ -43,10 +60,19 @@ class SlicePublisher:
         self.node = node
         self.resync_seconds = resync_seconds
         self.retry_seconds = retry_seconds
+        self.instance = instance
+        """Names this process on what it writes: unique per process (see ``new_instance``)."""
+        self.registered_at = registered_at
+        """When the kubelet last accepted our registration (None: not known, e.g. in tests)."""
+        self.contention = contention or Contention(pool=node, driver=driver)
+        self.clock = clock
         self.current: model.Inventory | None = None
         self.published_generation: int | None = None
+        self._started = datetime.datetime.now(datetime.UTC)
+        self._wait: float | None = None  # set by publish_once when it holds a write back
         self._wake = asyncio.Event()
         self._warned_foreign: set[str] = set()
+        self._other_series: tuple[str, str] | None = None
 
     @property
     def _selector(self) -> str:
@@ -61,6 +87,10 @@ class SlicePublisher:
                 sum(d.memory_bytes or 0 for d in self.current.devices)
             )
         return self.current
+
+    @property
+    def me(self) -> slices.Publisher:
+        return slices.Publisher.at(self.registered_at() or self._started, self.instance)
 
     def trigger(self) -> None:
         """Check the slices now (after a registration, a watch event, a test)."""
@@ -77,7 +107,7 @@ class SlicePublisher:
             while True:
                 try:
                     await self.publish_once()
-                    delay = self.resync_seconds
+                    delay = min(self.resync_seconds, self._wait or self.resync_seconds)
                 except Exception as exc:  # API restarting, node not registered yet, bad profile
                     metrics.SLICE_PUBLICATIONS.labels("error").inc()
                     log.warning("publishing the slices of node %s failed: %s", self.node, exc)
@@ -89,6 +119,7 @@ class SlicePublisher:
 
     async def publish_once(self) -> bool:
         """Bring the API in line with the inventory; True if a new generation was written."""
+        self._wait = None
         inventory = await self.inventory(fresh=True)
         node = await self.api.get(f"/api/v1/nodes/{self.node}")
         node_uid = node["metadata"]["uid"]
@@ -96,17 +127,24 @@ class SlicePublisher:
         pool = [s for s in listing.get("items", []) if s["spec"]["pool"]["name"] == self.node]
         ours = [s for s in pool if _is_ours(s)]
         self._warn_foreign([s for s in pool if not _is_ours(s)])
+        me = self.me
         wanted = slices.build_slices(self.node, node_uid, self.driver, inventory.devices, 0)
         if not self._needs_update(ours, wanted, node_uid):
             self.published_generation = _generation(ours[0])
+            if (line := self.contention.settled(self.clock())) is not None:
+                log.warning("%s", line)
+            self._update_contention_metrics()
+            return False
+        if not await self._may_write(ours, me, node):
             return False
         # Above every slice of the pool and above what we published before: a pool whose
         # slices were all deleted must not come back at a generation consumers already saw.
         generation = max([*(_generation(s) for s in pool), self.published_generation or 0]) + 1
         wanted = slices.build_slices(
-            self.node, node_uid, self.driver, inventory.devices, generation
+            self.node, node_uid, self.driver, inventory.devices, generation, publisher=me
         )
         await self._write(ours, wanted)
+        self.contention.wrote(self.clock())
         self.published_generation = generation
         metrics.SLICE_PUBLICATIONS.labels("success").inc()
         log.info(
@@ -117,6 +155,58 @@ class SlicePublisher:
             generation,
         )
         return True
+
+    async def _may_write(self, ours: list[Any], me: slices.Publisher, node: kube.Body) -> bool:
+        """Whether we may write the pool now; if another agent wrote it last, ``contention``
+        decides (and we report what it found)."""
+        if not ours:
+            return True
+        newest = max(_generation(s) for s in ours)
+        writers = {slices.publisher_of(s) for s in ours if _generation(s) == newest}
+        if any(w is not None and w.instance == me.instance for w in writers):
+            return True  # ours (perhaps half written, or edited by hand): put it right
+        writer = max((w for w in writers if w is not None), default=None)
+        decision = self.contention.foreign(writer, me, newest, self.clock())
+        if decision.conflict:
+            metrics.SLICE_POOL_CONFLICTS.inc()
+        self._update_contention_metrics()
+        if decision.report is not None:
+            log.warning("%s", decision.report)
+            await events.post(
+                self.api,
+                events.object_ref({"apiVersion": "v1", "kind": "Node", **node}),
+                type_="Warning",
+                reason=CONFLICT_REASON,
+                message=decision.report,
+                component=COMPONENT,
+                host=self.node,
+            )
+        if decision.wait > 0:
+            self._wait = decision.wait
+            return False
+        if self.contention.yielding:
+            log.info(
+                "ResourceSlice pool %s: trying to take it over from %s",
+                self.node,
+                self.contention.yielding_to,
+            )
+        return True
+
+    def _update_contention_metrics(self) -> None:
+        metrics.SLICE_POOL_YIELDING.set(1 if self.contention.yielding else 0)
+        other = self.contention.other
+        series: tuple[str, str] | None = None
+        if other is not None:
+            series = (self.instance, other.instance)
+        elif self.contention.other_unnamed:
+            series = (self.instance, "unnamed")
+        if series == self._other_series:
+            return
+        if self._other_series is not None:
+            metrics.SLICE_POOL_OTHER_WRITER.remove(*self._other_series)
+        if series is not None:
+            metrics.SLICE_POOL_OTHER_WRITER.labels(*series).set(1)
+        self._other_series = series
 
     def _needs_update(self, ours: list[Any], wanted: list[Any], node_uid: str) -> bool:
         if slices.slices_differ(ours, wanted):
@@ -172,6 +262,12 @@ class SlicePublisher:
                         "ResourceSlice %s was deleted; publishing it again", obj["metadata"]["name"]
                     )
                 self.trigger()
+
+
+def new_instance(pod_name: str) -> str:
+    """A name for this process, unique among all agents ever: the pod's name (a container's
+    host name; a restarted container keeps it, so a random part follows)."""
+    return f"{pod_name}.{secrets.token_hex(4)}"
 
 
 def _is_ours(body: dict[str, Any]) -> bool:

@@ -7,10 +7,12 @@
 3. Long-lived tasks in one TaskGroup: slice publisher (from the moment the kubelet accepts
    the registration, so no pod is ever scheduled onto devices nobody can prepare), status
    writer, health and metrics
-   listeners, and a watch on the registration status. A crash in one stops the agent instead
-   of leaving it half alive; Kubernetes restarts it and the checkpoint carries the state.
+   listeners, a watch on the registration status, and a keeper of the socket files (another
+   agent of the same driver may replace them, see ``server``). A crash in one stops the agent
+   instead of leaving it half alive; Kubernetes restarts it and the checkpoint carries the state.
 
-On stop the registration socket goes first, the slices stay published.
+SIGTERM, SIGINT and SIGHUP all stop it the same way: the registration socket goes first, the
+slices stay published.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import socket
 from typing import NoReturn
 
 from dra_gpu import cdi, checkpoint, events, httpserver, kube, metrics
 from dra_gpu.agent import claims, server
-from dra_gpu.agent.publisher import SlicePublisher
+from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
 from dra_gpu.agent.status import StatusWriter
 from dra_gpu.config import AgentSettings
@@ -63,23 +67,32 @@ async def run_agent(settings: AgentSettings, stopping: asyncio.Event) -> None:
     # Whatever umask the container runtime hands us: the directories we create on the host
     # (CDI, checkpoint, plugin socket dirs) must never be writable by others.
     os.umask(os.umask(0o022) | 0o022)
+    # A closed terminal or a supervisor's reload signal: stop cleanly instead of dying with
+    # our sockets left behind, which would keep a dead plugin registered with the kubelet.
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, stopping.set)
     backend = make_backend(settings)
     try:
         async with await kube.Kube.connect(settings.kubeconfig) as api:
             await _run(settings, api, backend, stopping)
     finally:
+        loop.remove_signal_handler(signal.SIGHUP)
         await backend.aclose()
 
 
 async def _run(
     settings: AgentSettings, api: kube.Kube, backend: model.Backend, stopping: asyncio.Event
 ) -> None:
+    registration = server.RegistrationStatus()
+    instance = new_instance(socket.gethostname())
     publisher = SlicePublisher(
         api,
         backend,
         driver=settings.driver_name,
         node=settings.node_name,
         resync_seconds=settings.resync_seconds,
+        instance=instance,
+        registered_at=lambda: registration.accepted_at,
     )
     status_writer = StatusWriter(api, settings.node_name)
     state = DeviceState(
@@ -95,7 +108,6 @@ async def _run(
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)
-    registration = server.RegistrationStatus()
 
     async def healthz() -> tuple[bool, str]:
         if registration.registered is False:
@@ -116,7 +128,7 @@ async def _run(
             dra_socket=settings.dra_socket,
             registration_socket=settings.registration_socket,
             status=registration,
-        ),
+        ) as sockets,
         httpserver.serving(
             settings.bind_address,
             settings.metrics_port,
@@ -127,9 +139,10 @@ async def _run(
         ),
     ):
         log.info(
-            "serving %s on node %s: %s",
+            "serving %s on node %s as %s: %s",
             settings.driver_name,
             settings.node_name,
+            instance,
             settings.dra_socket,
         )
         try:
@@ -143,6 +156,7 @@ async def _run(
                     name="stale-claims",
                 )
                 tasks.create_task(_watch_registration(registration, publisher), name="registration")
+                tasks.create_task(sockets.keep_forever(), name="plugin-sockets")
                 tasks.create_task(_stop_on(stopping), name="stop")
         except* _Stop:
             log.info("stopping; slices stay published")

@@ -10,6 +10,13 @@
 The kubelet dials as soon as it sees the registration socket, so ``serve`` brings the DRA socket
 up first and, on the way out, removes the registration socket first. Sockets are created with
 mode 0660 (owner and group only): whoever can talk to them can make the agent write files.
+
+The socket paths are fixed, so a second agent of the same driver on the node (an old pod still
+running during an upgrade, two releases with one driver name) replaces our socket files with
+its own, and the kubelet registers that one instead. ``PluginServers.keep_forever`` notices:
+while the other agent's sockets answer, we leave them alone (and our slices to it, see
+``contention``); once they are gone, or nobody listens on them any more, ours come back and
+the kubelet registers us again. We only ever remove socket files that are ours.
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+import secrets
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 
@@ -39,6 +49,10 @@ log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 """In order of preference: a 1.34+ kubelet takes the first entry it knows."""
 SOCKET_MODE = 0o660
+MAX_SOCKET_PATH = 107
+"""Bytes in a unix socket's path (``sun_path`` is 108, with the terminating NUL)."""
+SOCKET_CHECK_SECONDS = 2.0
+"""How often ``keep_forever`` checks that our socket files are still ours (two ``stat`` calls)."""
 
 
 def _refs(claims: Sequence[v1.Claim] | Sequence[v1beta1.Claim]) -> list[ClaimRef]:
@@ -103,6 +117,9 @@ class RegistrationStatus:
     registered: bool | None = None
     """None until the kubelet called NotifyRegistrationStatus."""
     error: str = ""
+    accepted_at: datetime.datetime | None = None
+    """When the kubelet last accepted us (it does again after its restart, or after our
+    sockets were re-created)."""
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     accepted: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     """Set once the kubelet accepted us: devices are usable from then on."""
@@ -126,6 +143,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self.status.error = request.error
         self.status.changed.set()
         if request.plugin_registered:
+            self.status.accepted_at = datetime.datetime.now(datetime.UTC)
             self.status.accepted.set()
             log.info("registered with the kubelet as %s", self.info.name)
         else:
@@ -133,61 +151,192 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-@contextlib.asynccontextmanager
-async def unix_server(
-    path: Path, *servicers: tuple[object, object]
-) -> AsyncIterator[grpc.aio.Server]:
-    """A gRPC server on a unix socket at ``path``; a stale socket file is replaced."""
-    _remove_socket(path, make_parent=True)
+SocketId = tuple[int, int]
+"""(device, inode) of a socket file: a socket created again at the same path is another one."""
+
+
+@dataclasses.dataclass
+class _Bound:
+    path: Path
+    server: grpc.aio.Server
+    socket_id: SocketId
+
+
+async def _bind(path: Path, servicers: Sequence[tuple[object, object]]) -> _Bound:
+    """A started gRPC server on a unix socket at ``path``; a stale socket file is replaced.
+
+    The socket is bound under a hidden temporary name and renamed into place: the path never
+    goes missing while it is replaced, and gRPC, which unlinks the address it bound when the
+    server stops, unlinks a name that is long gone instead of whatever is at ``path`` then
+    (another agent's socket, by that time)."""
+    if await _answers_at(path):
+        log.warning(
+            "replacing %s, which a running process serves (another agent of this driver on "
+            "this node?): the kubelet will call this agent instead",
+            path,
+        )
+    # Short (socket paths are limited), hidden (the kubelet's plugin watcher skips dot files).
+    bind_at = path.with_name(f".{secrets.token_hex(2)}")
+    if len(os.fsencode(bind_at)) > MAX_SOCKET_PATH:
+        bind_at = path  # no room for a temporary name: bind in place, as gRPC would
+    _clear(path, bind_at)
     server = grpc.aio.server()
     for add, servicer in servicers:
         add(servicer, server)  # type: ignore[operator]
     # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
     old = os.umask(0o117)
     try:
-        server.add_insecure_port(f"unix://{path}")
+        server.add_insecure_port(f"unix://{bind_at}")
         await server.start()
     finally:
         os.umask(old)
-    try:
-        yield server
-    finally:
-        _remove_socket(path)
-        await server.stop(grace=2)
+    if bind_at != path:
+        os.replace(bind_at, path)
+    socket_id = _socket_id(path)
+    assert socket_id is not None, f"gRPC did not create {path}"
+    return _Bound(path, server, socket_id)
 
 
-def _remove_socket(path: Path, *, make_parent: bool = False) -> None:
-    if make_parent:
+def _clear(*paths: Path) -> None:
+    for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
-@contextlib.asynccontextmanager
-async def serve(
+def _remove_if_ours(bound: _Bound) -> None:
+    if _socket_id(bound.path) == bound.socket_id:
+        with contextlib.suppress(FileNotFoundError):
+            bound.path.unlink()
+
+
+def _socket_id(path: Path) -> SocketId | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+async def _answers_at(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket at ``path``."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 1.0)
+    except (OSError, TimeoutError):
+        return False  # no file, not a socket, or nobody listening: a stale file
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+class PluginServers:
+    """The DRA and registration servers of one agent (an async context manager), and the
+    socket files that lead to them."""
+
+    def __init__(
+        self,
+        state: DeviceState,
+        *,
+        driver: str,
+        dra_socket: Path,
+        registration_socket: Path,
+        status: RegistrationStatus,
+    ) -> None:
+        self.driver = driver
+        self.dra_socket = dra_socket
+        self.registration_socket = registration_socket
+        self._dra_servicers = (
+            (v1_grpc.add_DRAPluginServicer_to_server, DraServicerV1(state)),
+            (v1beta1_grpc.add_DRAPluginServicer_to_server, DraServicerV1Beta1(state)),
+        )
+        self._registration_servicers = (
+            (
+                reg_grpc.add_RegistrationServicer_to_server,
+                RegistrationServicer(driver, dra_socket, status),
+            ),
+        )
+        self._bound: list[_Bound] = []
+        self._taken_by: SocketId | None = None
+
+    async def __aenter__(self) -> PluginServers:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """DRA socket first: the kubelet dials as soon as it sees the registration socket."""
+        try:
+            self._bound.append(await _bind(self.dra_socket, self._dra_servicers))
+            self._bound.append(await _bind(self.registration_socket, self._registration_servicers))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Registration socket first; a socket file that is no longer ours stays."""
+        while self._bound:
+            bound = self._bound.pop()
+            _remove_if_ours(bound)
+            await bound.server.stop(grace=2)
+
+    async def check(self) -> str | None:
+        """Re-create our sockets if their files are gone or lead nowhere; leave them to a live
+        process that replaced them. Returns what it did or found, if anything."""
+        if len(self._bound) != 2:
+            return None
+        dra, registration = self._bound
+        if _socket_id(registration.path) == registration.socket_id:
+            # Ours; a DRA socket of someone else's is another agent half way through its
+            # start, whose registration socket is about to replace ours: leave it be.
+            if _socket_id(dra.path) is not None:
+                self._taken_by = None
+                return None
+        else:
+            taken = _socket_id(registration.path)
+            if taken is not None and await _answers_at(registration.path):
+                if taken == self._taken_by:
+                    return None
+                self._taken_by = taken
+                return (
+                    f"{registration.path} was replaced by another process's socket (another "
+                    f"agent of driver {self.driver} on this node?): the kubelet calls that one "
+                    "now; this agent's sockets come back when it is gone"
+                )
+        await self.stop()
+        await self.start()
+        self._taken_by = None
+        return (
+            f"re-created {self.dra_socket} and {self.registration_socket} (removed, or left "
+            "by a process that is gone); the kubelet will register this agent again"
+        )
+
+    async def keep_forever(self, period: float = SOCKET_CHECK_SECONDS) -> NoReturn:
+        while True:
+            await asyncio.sleep(period)
+            if (found := await self.check()) is not None:
+                log.warning("%s", found)
+
+
+def serve(
     state: DeviceState,
     *,
     driver: str,
     dra_socket: Path,
     registration_socket: Path,
     status: RegistrationStatus,
-) -> AsyncIterator[None]:
-    """DRA socket first, then registration; on exit the registration goes first."""
-    async with (
-        unix_server(
-            dra_socket,
-            (v1_grpc.add_DRAPluginServicer_to_server, DraServicerV1(state)),
-            (v1beta1_grpc.add_DRAPluginServicer_to_server, DraServicerV1Beta1(state)),
-        ),
-        unix_server(
-            registration_socket,
-            (
-                reg_grpc.add_RegistrationServicer_to_server,
-                RegistrationServicer(driver, dra_socket, status),
-            ),
-        ),
-    ):
-        yield
+) -> PluginServers:
+    """``async with serve(...)``: DRA socket first, then registration; on exit the
+    registration goes first."""
+    return PluginServers(
+        state,
+        driver=driver,
+        dra_socket=dra_socket,
+        registration_socket=registration_socket,
+        status=status,
+    )
 
 
 async def answers(registration_socket: Path, dra_socket: Path, deadline: float = 1.0) -> bool:
