@@ -892,11 +892,6 @@ class _Group:
         self.count = 0
         self.first: list[int] = []  # positions among the candidates
 
-    def add(self, position: int) -> None:
-        self.count += 1
-        if len(self.first) < LIST_LIMIT:
-            self.first.append(position)
-
 
 class _RequestCheck:
     """One exactly-request (or subrequest) against every published device.
@@ -955,8 +950,13 @@ class _RequestCheck:
         request_outcomes = self._request_outcomes
         exclusion = self.scope.exclusions.get
         held = self.scope.held
-        groups, local, anywhere = self._groups, self._local, self._anywhere
-        excluded_group, free_group = self._excluded, self._free
+        local, anywhere = self._local, self._anywhere
+        # Per code: the group it counts in (EXCLUDED has two codes), its count, its first few.
+        group_of = [self._groups[v] for v in _VERDICT_OF]
+        counts = dict.fromkeys(map(id, group_of), 0)
+        excluded_positions: list[int] = []
+        free_positions: list[int] = []
+        excluded_count = free_count = 0
         codes: list[int] = []
         last_node: Any = _UNKNOWN
         excluded: str | None = None
@@ -982,17 +982,28 @@ class _RequestCheck:
                 if held(device.key):
                     code = _C_ALLOCATED
                     row[2] += 1
-                elif excluded is not None:
-                    code = _C_EXCLUDED
-                    excluded_group.add(position)
-                    free_group.add(position)
                 else:
-                    code = _C_FITS
-                    row[1] += 1
-                    free_group.add(position)
-                    self._fit_drivers.add(device.driver)
+                    if excluded is not None:
+                        code = _C_EXCLUDED
+                        if excluded_count < LIST_LIMIT:
+                            excluded_positions.append(position)
+                        excluded_count += 1
+                    else:
+                        code = _C_FITS
+                        row[1] += 1
+                        self._fit_drivers.add(device.driver)
+                    if free_count < LIST_LIMIT:
+                        free_positions.append(position)
+                    free_count += 1
             codes.append(code)
-            groups[_VERDICT_OF[code]].add(position)
+            group = group_of[code]
+            if len(group.first) < LIST_LIMIT:
+                group.first.append(position)
+            counts[id(group)] += 1
+        for group in group_of:
+            group.count = counts[id(group)]
+        self._excluded.first, self._excluded.count = excluded_positions, excluded_count
+        self._free.first, self._free.count = free_positions, free_count
         return codes
 
     def _checked(self, position: int) -> _Checked:

@@ -2,8 +2,10 @@
 
 Owns: which pending claims — those a pod waits for, of a class that may be ours — need a fresh
 explanation after a batch of changes; computing those against one ``explain.World`` per pass
-(over the view's indexes and a ``Layout`` kept until a pool changes); handing each to the
+(over the view's indexes and a ``Layout`` kept until a pool changes); queueing those with a
+missing piece and posting them from a task of its own (``post_forever``) through the
 ``Reporter``, which posts a message only when it is not what it last posted for that claim.
+The queue holds the newest explanation per claim, new waiting pods' first.
 
 A claim's explanation reads the claim, the pods that use it (the first waiting one's node
 constraints), its DeviceClasses, and what those classes can see of the cluster. That last part
@@ -34,7 +36,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from dra_gpu import cel
 from dra_gpu.controller import explain, inventory, selections
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 SLICE = 0.05
 """Seconds of explaining between two yields to the event loop (and reports)."""
 PARALLEL = 16
-"""Claims reported at a time (each a few Events)."""
+"""Claims posted at a time (each a few Events)."""
 BULK = 2_000
 """A batch of changes this large (a start, a relist) makes every class's claims stale at once
 instead of being traced one change at a time."""
@@ -97,6 +99,10 @@ class Explainer:
         self._checks = explain.Checks(self.epochs.__getitem__)
         self._done: dict[str, _Done] = {}
         self._clean_at: int | None = None
+        # Explanations to post: for claims whose own inputs changed, and the others.
+        self._urgent: dict[str, _Done] = {}
+        self._outbox: dict[str, _Done] = {}
+        self._due = asyncio.Event()
 
     # ---- what changed ----------------------------------------------------------------------
 
@@ -211,10 +217,11 @@ class Explainer:
             checks=self._checks,
         )
 
-    def stale(self) -> list[tuple[str, list[dict[str, Any]], tuple[Any, ...]]]:
-        """Pending claims with a waiting pod whose explanation's inputs changed: first those
-        whose own inputs (the claim, its pods) changed — a new waiting pod is answered before
-        claims that only see a device taken — then by name. Forgets claims no longer waiting."""
+    def stale(self) -> list[tuple[str, list[dict[str, Any]], tuple[Any, ...], bool]]:
+        """Pending claims with a waiting pod whose explanation's inputs changed, each with
+        whether its own inputs (the claim, its pods) changed: those come first — a new waiting
+        pod is answered before claims that only see a device taken — then by name. Forgets
+        claims no longer waiting."""
         view = self.view
         found = []
         waiting_keys = set()
@@ -236,8 +243,11 @@ class Explainer:
                 found.append((not own, key, waiting, inputs))
         for key in set(self._done) - waiting_keys:
             del self._done[key]
+        for queue in (self._urgent, self._outbox):
+            for key in set(queue) - waiting_keys:
+                del queue[key]
         found.sort(key=lambda entry: entry[:2])
-        return [(key, waiting, inputs) for _, key, waiting, inputs in found]
+        return [(key, waiting, inputs, not later) for later, key, waiting, inputs in found]
 
     def last(self, key: str) -> explain.Explanation | None:
         """The explanation last worked out for a pending claim (None: none, or not ours)."""
@@ -246,36 +256,41 @@ class Explainer:
 
     def refresh(self) -> int:
         """Work out every stale explanation now, without reporting; returns how many."""
-        results = [self._explain(*entry) for entry in self.stale()]
-        for result in results:
-            self._done[result.key] = result
+        stale = self.stale()
+        for key, waiting, inputs, _ in stale:
+            self._done[key] = self._explain(key, waiting, inputs)
         self._clean_at = self.view.generation
-        return len(results)
+        return len(stale)
 
     async def explain_pending(self) -> None:
-        """Explain the stale claims and report those with a missing piece; forget, in the
-        Reporter, claims no longer pending (explained anew if they are again).
+        """Work out the stale claims' explanations, queue those with a missing piece for
+        ``post_due``, and forget, in the Reporter, claims no longer pending (explained anew if
+        they are again).
 
-        Works in slices of ``SLICE`` seconds, each reported before the next is worked out, and
-        stops early when the view changed meanwhile: the rest comes in the next pass, after
-        what just changed (a new waiting pod goes first)."""
+        The queue keeps the newest explanation per claim: one that a newer one replaced before
+        it was posted is never posted. Works in slices of ``SLICE`` seconds and stops early when
+        the view changed meanwhile: the rest comes in the next pass, after what just changed (a
+        new waiting pod goes first)."""
         view = self.view
         if self._clean_at == view.generation:
             return  # nothing changed since every explanation was last worked out
         stale = self.stale()
         generation = view.generation
         reached = 0
+        started = time.monotonic()
         while reached < len(stale):
-            started = time.monotonic()
-            chunk: list[_Done] = []
-            while reached < len(stale) and (not chunk or time.monotonic() - started < SLICE):
-                chunk.append(self._explain(*stale[reached]))
-                reached += 1
-            await self._report(chunk)
-            if reached < len(stale):
+            if time.monotonic() - started >= SLICE:
                 await asyncio.sleep(0)  # let watch events and /metrics in
                 if view.generation != generation:
                     break
+                started = time.monotonic()
+            key, waiting, inputs, urgent = stale[reached]
+            done = self._done[key] = self._explain(key, waiting, inputs)
+            self._urgent.pop(key, None)
+            self._outbox.pop(key, None)
+            if done.result is not None and done.result.missing:
+                (self._urgent if urgent else self._outbox)[key] = done
+            reached += 1
         left = stale[reached:]
         if left:
             log.debug("explained %d claims; %d wait for the next pass", reached, len(left))
@@ -283,21 +298,60 @@ class Explainer:
             self._clean_at = generation
         # Claims still pending and ours, whether explained now or before; and those not reached.
         keep = {d.uid for d in self._done.values() if d.result is not None}
-        keep |= {str(view.claims[k]["metadata"].get("uid", "")) for k, _, _ in left}
+        keep |= {str(view.claims[entry[0]]["metadata"].get("uid", "")) for entry in left}
         self.reporter.keep_only(keep)
+        if self._urgent or self._outbox:
+            self._due.set()
 
-    async def _report(self, chunk: list[_Done]) -> None:
-        due = [d for d in chunk if d.result is not None and d.result.missing]
-        for start in range(0, len(due), PARALLEL):
-            await asyncio.gather(
-                *(
-                    self.reporter.report(d.claim, d.waiting, str(d.result.reason), d.result.message)
-                    for d in due[start : start + PARALLEL]
-                    if d.result is not None
-                )
+    def queued(self) -> int:
+        return len(self._urgent) + len(self._outbox)
+
+    def drop_queue(self) -> None:
+        """Post nothing queued (this replica no longer leads)."""
+        self._urgent.clear()
+        self._outbox.clear()
+
+    async def post_due(self) -> int:
+        """Post the queued explanations, new waiting pods' first, ``PARALLEL`` claims at a
+        time; returns how many. A claim whose post failed is queued again (unless a newer
+        explanation replaced it meanwhile) and the failure raised."""
+        posted = 0
+        while self._urgent or self._outbox:
+            batch = []
+            for queue in (self._urgent, self._outbox):
+                while queue and len(batch) < PARALLEL:
+                    key = next(iter(queue))
+                    batch.append((queue is self._urgent, queue.pop(key)))
+            outcomes = await asyncio.gather(
+                *(self._post(done) for _, done in batch), return_exceptions=True
             )
-        for done in chunk:
-            self._done[done.key] = done  # reported (or not due): not again for these inputs
+            failed = None
+            for (urgent, done), outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    failed = failed or outcome
+                    if done.key not in self._urgent and done.key not in self._outbox:
+                        (self._urgent if urgent else self._outbox)[done.key] = done
+            posted += len(batch)
+            if failed is not None:
+                raise failed
+        return posted
+
+    async def post_forever(self) -> NoReturn:
+        """Post what ``explain_pending`` queues, as it comes."""
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            try:
+                await self.post_due()
+            except Exception as exc:
+                log.warning("posting explanations failed (%s); trying again in 5 s", exc)
+                await asyncio.sleep(5)
+                self._due.set()
+
+    async def _post(self, done: _Done) -> None:
+        assert done.result is not None
+        reason, message = str(done.result.reason), done.result.message
+        await self.reporter.report(done.claim, done.waiting, reason, message)
 
     def _explain(self, key: str, waiting: list[dict[str, Any]], inputs: tuple[Any, ...]) -> _Done:
         claim = self.view.claims[key]

@@ -10,20 +10,17 @@ explanations of pending claims, reports of inconsistent pools, deletion of our s
 Node is gone, removal of ``status.devices`` entries of ours whose device is no longer allocated.
 
 A pass costs what changed since the last one, not what the cluster holds: the view indexes
-what it is fed and hands each pass its ``Changes``; the parts below take them in turn —
+what it is fed and hands each pass its ``Changes``; each part takes them in turn:
 
-==================  ===========================  ==============================================
-part                where                        takes
-==================  ===========================  ==============================================
-watch wiring        ``Controller.registry``      Kopf events -> ``ClusterView.apply``
-the indexed view    ``view.ClusterView``         pods by claim, pools, holders, claim states
-metrics             ``tallies.Tally``            per-pool contributions to per-node/class sums
-explanations        ``explaining.Explainer``     claims whose inputs changed (class epochs)
-class checks        ``Controller._check_classes``  edited classes; classes admitting no device
-pool reports        ``Controller._report_pools``   pools whose slices changed
-stale slices        ``Controller._delete_stale_slices``  slices changed, nodes gone
-status repair       ``Controller._repair_device_status``  claims changed
-==================  ===========================  ==============================================
+- watch wiring (``Controller.registry``): Kopf events -> ``ClusterView.apply``;
+- the indexed view (``view.ClusterView``): pods by claim, pools, holders, claim states;
+- metrics (``tallies.Tally``): per-pool contributions to the per-node and per-class sums;
+- explanations (``explaining.Explainer``): claims whose inputs changed (class epochs), their
+  Events posted by a task of its own, so a pass never waits for the API server;
+- class checks (``_check_classes``): edited classes, classes that admit no device;
+- pool reports (``_report_pools``): pools whose slices changed;
+- stale slices (``_delete_stale_slices``): slices changed, nodes gone;
+- status repair (``_repair_device_status``): claims changed;
 
 and a replica that becomes the leader sweeps everything once, then follows the changes.
 """
@@ -153,6 +150,16 @@ class Controller:
     # ---- the loop ------------------------------------------------------------------------
 
     async def run_forever(self) -> NoReturn:
+        """Passes over the view, and the posting of what they explain, side by side: a pass
+        never waits for the API server to take Events, so metrics follow the cluster."""
+        async with asyncio.TaskGroup() as parts:
+            parts.create_task(self._reconcile_forever(), name="reconcile")
+            parts.create_task(self.explainer.post_forever(), name="explanations")
+        # Neither returns nor raises: both were cancelled on their own (on a stop, Kopf cancels
+        # the loop's other tasks), so this one ends cancelled too, as a single loop would.
+        raise asyncio.CancelledError
+
+    async def _reconcile_forever(self) -> NoReturn:
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.resync_seconds):
@@ -188,6 +195,7 @@ class Controller:
             await self._repair_device_status()
         else:
             self._leading = False
+            self.explainer.drop_queue()
         self.reconciled += 1
         metrics.RECONCILES.inc()
 
