@@ -94,8 +94,19 @@ def test_expressions_that_read_more_than_fixed_keys_are_not_cached() -> None:
         '"x" in device.attributes["gpu.example.com"]',
         "size(device.attributes) > 0",
         "[1].all(device, device > 0)",
-        '.device.driver == "a"',
-        'device.attributes["a\\"b"].x == 1',
-        'device.attributes[r"ab"].x == 1',
+        'device.attributes["gpu.example.com"].size() > 0',
+        "device.attributes[device.driver].x == 1",
+        'cel.bind(a, device.attributes, a["x"].y == 1)',
     ):
         assert cel.compile_selector(expression)._reads is None, expression
+
+
+def test_fixed_keys_are_read_from_the_syntax_tree_however_written() -> None:
+    for expression, reads in (
+        ('.device.driver == "a"', (("driver",),)),
+        ('device.attributes["a\\"b"].x == 1', (("attributes", 'a"b', "x"),)),
+        ('device.attributes[r"ab"].x == 1', (("attributes", "ab", "x"),)),
+        ("has(device.capacity.example.memory)", (("capacity", "example", "memory"),)),
+        ('device.attributes["d"].?x.orValue(0) == 1', (("attributes", "d", "x"),)),
+    ):
+        assert cel.compile_selector(expression)._reads == reads, expression
