@@ -609,13 +609,13 @@ class _Checker:
         return self.set_type(expr, result)
 
     def join(self, expr: Expr, previous: Type | None, current: Type) -> Type:
+        # cel-go's checker joins unlike element types to dyn; the homogeneous-literal
+        # validator (below) then rejects them, except in string.format() arguments.
         if previous is None:
             return current
         if self.assignable(previous, current):
             return _most_general(previous, current)
-        raise self.error(
-            expr, f"expected type '{_declared(previous)}' but found '{_declared(current)}'"
-        )
+        return DYN
 
     def check_list(self, expr: CreateList) -> Type:
         element_type: Type | None = None
@@ -718,22 +718,25 @@ def check(tree: Expr, source: str) -> Type:
     return result
 
 
-def _walk(expr: Expr) -> Iterator[Expr]:
-    yield expr
+def _walk(expr: Expr, exempt: bool = False) -> Iterator[tuple[Expr, bool]]:
+    """Every node, and whether it sits inside a call of ``format`` (exempt from the
+    homogeneous-literal rule, as cel-go's string-format validator configures it)."""
+    yield expr, exempt
     if isinstance(expr, Select):
-        yield from _walk(expr.operand)
+        yield from _walk(expr.operand, exempt)
     elif isinstance(expr, Call):
+        inner = exempt or expr.function == "format"
         if expr.target is not None:
-            yield from _walk(expr.target)
+            yield from _walk(expr.target, inner)
         for arg in expr.args:
-            yield from _walk(arg)
+            yield from _walk(arg, inner)
     elif isinstance(expr, CreateList):
         for element in expr.elements:
-            yield from _walk(element)
+            yield from _walk(element, exempt)
     elif isinstance(expr, CreateMap):
         for key, value, _ in expr.entries:
-            yield from _walk(key)
-            yield from _walk(value)
+            yield from _walk(key, exempt)
+            yield from _walk(value, exempt)
     elif isinstance(expr, Comprehension):
         for part in (
             expr.iter_range,
@@ -742,12 +745,14 @@ def _walk(expr: Expr) -> Iterator[Expr]:
             expr.loop_step,
             expr.result,
         ):
-            yield from _walk(part)
+            yield from _walk(part, exempt)
 
 
 def _validate_homogeneous(checker: _Checker, tree: Expr) -> None:
     """cel.ValidateHomogeneousAggregateLiterals: every element of a literal of one type."""
-    for expr in _walk(tree):
+    for expr, exempt in _walk(tree):
+        if exempt:
+            continue
         if isinstance(expr, CreateList):
             first: Type | None = None
             for element, optional in zip(expr.elements, expr.optional, strict=True):

@@ -213,6 +213,8 @@ class _Planner:
                     raise PlanError(str(error)) from None
                 except Exception as error:
                     raise PlanError(str(error), unsupported=True) from None
+        if name == "format" and expr.target is not None:
+            _check_format(expr)
         if name in ("or", "orValue") and _optional_overload(expr):
             return self.optional_or(name, args)
         fn = library.dispatcher(name, expr.overloads)
@@ -486,6 +488,27 @@ class _Planner:
             return result(f)
 
         return comprehension
+
+
+def _check_format(expr: Call) -> None:
+    """cel-go's string-format validator: a literal format with a literal list of arguments."""
+    target = expr.target
+    if not (isinstance(target, Literal) and type(target.value) is str):
+        return
+    if len(expr.args) != 1 or not isinstance(expr.args[0], CreateList):
+        return
+    clauses = library.format_clauses(target.value)
+    if clauses is None:
+        raise PlanError(f"invalid format string {target.value!r}")
+    given = len(expr.args[0].elements)
+    if given < len(clauses):
+        raise PlanError(f"index {given} out of range")
+    if given > len(clauses):
+        raise PlanError(
+            f"too many arguments supplied to string.format (expected {len(clauses)}, got {given})"
+        )
+    if any(verb == "e" for verb, _ in clauses):
+        raise PlanError(library.UNSUPPORTED_SCIENTIFIC, unsupported=True)
 
 
 def _accumulator(slot: int, init: _Fn) -> _Fn:
