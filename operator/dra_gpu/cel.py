@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -81,6 +82,7 @@ _COMPILE_CACHE_SIZE: Final = 1024
 _VERDICT_CACHE_SIZE: Final = 200_000
 _PROFILE_TABLE_SIZE: Final = 1_000_000
 
+_RECURSION_LIMIT: Final = 6000
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
@@ -115,6 +117,9 @@ def compile_selector(expression: str) -> Compiled:
     ``Compiled.error`` with cel-go's message; so does a feature this evaluator does not
     implement, named, with the expression.
     """
+    if sys.getrecursionlimit() < _RECURSION_LIMIT:
+        # cel-go parses 249 levels of nesting; a recursive descent needs ~10 frames a level.
+        sys.setrecursionlimit(_RECURSION_LIMIT)
     size = len(expression.encode())
     if size > MAX_EXPRESSION_BYTES:
         return Compiled(
@@ -126,12 +131,16 @@ def compile_selector(expression: str) -> Compiled:
         program = runtime.plan(tree)
     except (syntax.SyntaxError_, checker.CheckError) as error:
         return Compiled(expression, f"compilation failed: {error}")
+    except checker.Unsupported as error:
+        return Compiled(expression, f"CEL expression {expression!r}: {error}")
     except runtime.PlanError as error:
         if error.unsupported:
             return Compiled(expression, f"CEL expression {expression!r}: {error}")
         return Compiled(expression, f"program instantiation failed: {error}")
     except RecursionError:
         return Compiled(expression, "compilation failed: expression nests too deeply")
+    except Exception as error:  # a bug here must not crash the caller (cel-go recovers too)
+        return Compiled(expression, f"internal error compiling {expression!r}: {error!r}")
     return Compiled(expression, None, program, _device_reads(tree))
 
 
@@ -291,6 +300,8 @@ def _run(program: runtime.Program, view: _View) -> Evaluation:
         return Evaluation(False, str(error) or "evaluation failed")
     except RecursionError:
         return Evaluation(False, "evaluation nests too deeply")
+    except Exception as error:  # a bug here must not crash the caller (cel-go recovers too)
+        return Evaluation(False, f"internal error: {error!r}")
     if type(result) is not bool:
         return Evaluation(
             False,

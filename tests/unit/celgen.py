@@ -27,6 +27,9 @@ INTS = [0, 1, -1, 2, 7, 42, 1000, 2**31, 2**53 + 1, 2**63 - 1, -(2**63), 9007199
 STRINGS = [
     "", "a", "A", "NVIDIA L4", "ü", "日本", "a b", "abc123", "x_y", "é1", "0000:3b:00.0",
     "1.5Gi", "1.2.3", "true", "12", " 1", "\t", "a,b,,c", "Ab", "straße", "K", "a.b", "$",
+    "https://example.com:8080/a?b=1&b=2", "10.0.0.1", "::1", "2001:DB8::1", "10.0.0.0/8",
+    "my-name", "123e4567-e89b-12d3-a456-426614174000", "2023-02-28", "1h30m", "-1.5s",
+    "2023-01-01T10:00:00+02:00", "%s-%d", "aGk=", "/a/b", "ftp://u@h/x y",
 ]  # fmt: skip
 VERSIONS = [
     "1.0.0", "1.2.3-rc.1", "1.2.3+build.5", "0.0.1", "10.2.0", "1.2.3-alpha.1", "550.54.15",
@@ -267,6 +270,77 @@ def exprs(kind: str, depth: int) -> st.SearchStrategy[str]:
             b(lambda x: f"bool({x})", s("string")),
             b(lambda x, y: f"{x} == {y}", s("dyn"), s("dyn")),
             b(lambda x, y: f"{x} != {y}", s("dyn"), s("int")),
+            b(
+                lambda x, m: f'isURL({x}) || url({x}).{m}() != ""',
+                s("string"),
+                st.sampled_from(
+                    ["getScheme", "getHost", "getHostname", "getPort", "getEscapedPath"]
+                ),
+            ),
+            b(lambda x: f"url({x}).getQuery().size() > 0", s("string")),
+            b(
+                lambda x, m: f"isIP({x}) && ip({x}).{m}()",
+                s("string"),
+                st.sampled_from(
+                    ["isLoopback", "isGlobalUnicast", "isUnspecified", "isLinkLocalUnicast"]
+                ),
+            ),
+            b(lambda x: f"ip.isCanonical({x})", s("string")),
+            b(lambda x, y: f"cidr({x}).containsIP({y})", s("string"), s("string")),
+            b(lambda x: f"isCIDR({x}) && cidr({x}).masked() == cidr({x})", s("string")),
+            b(
+                lambda f, x: f"format.{f}().validate({x}).hasValue()",
+                st.sampled_from(
+                    [
+                        "dns1123Label",
+                        "dns1123Subdomain",
+                        "dns1035Label",
+                        "qualifiedName",
+                        "labelValue",
+                        "uuid",
+                        "byte",
+                        "date",
+                        "datetime",
+                        "uri",
+                        "dns1123LabelPrefix",
+                    ]
+                ),
+                s("string"),
+            ),
+            b(
+                lambda x, y: f'"%s|%d".format([{x}, {y}]) == {x} + "|" + string({y})',
+                s("string"),
+                s("int"),
+            ),
+            b(
+                lambda x, p: f'"%.{p}f".format([{x}]).size() > 3',
+                s("double"),
+                st.sampled_from(["0", "2", ""]),
+            ),
+            b(lambda x: f'"%x %o %b".format([{x}, {x}, {x}]).size() > 4', s("int")),
+            b(lambda x, y: f"timestamp({x}) < timestamp({y})", s("string"), s("string")),
+            b(lambda x: f"duration({x}).getSeconds() > 0", s("string")),
+            b(lambda x: f'string(timestamp({x}) + duration("90m")) > "2"', s("string")),
+            b(lambda x: f"double({x}) > 0.5", s("string")),
+            b(lambda x: f'string({x}) == "1e+06"', s("double")),
+            b(
+                lambda d1: (
+                    f"cel.bind(a, device.attributes[{d1}], a.exists(k, v, v == 0) || a.size() == 1)"
+                ),
+                _domain_literal(),
+            ),
+            b(
+                lambda d1, n: f"device.attributes[{d1}].?{n}.orValue(0) == 0",
+                _domain_literal(),
+                st.sampled_from(NAMES),
+            ),
+            b(lambda d1: f"device.capacity[{d1}].all(k, v, v.isInteger())", _domain_literal()),
+            b(
+                lambda d1: (
+                    f"device.capacity[{d1}].exists(k, device.capacity[{d1}][k].asInteger() > 1000)"
+                ),
+                _domain_literal(),
+            ),
             s("dyn"),
         ]
     elif kind == "int":
@@ -392,9 +466,20 @@ def exprs(kind: str, depth: int) -> st.SearchStrategy[str]:
     return st.one_of(*leaves, *rules)
 
 
+def _unambiguous(driver: str, device: dict[str, Any]) -> bool:
+    """Whether no two names of the device resolve to one (domain, name): "memory" and
+    "<driver>/memory" together make the scheduler pick one of them at random (Go map order)."""
+    for field in ("attributes", "capacity"):
+        names = [n if "/" in n else f"{driver}/{n}" for n in device.get(field, {})]
+        if len(names) != len(set(names)):
+            return False
+    return True
+
+
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
     """(expression, driver, device)."""
     expression = draw(exprs("bool", draw(st.integers(1, 3))))
     driver = draw(st.sampled_from([DRIVER, DRIVER, DRIVER, "other.example.com"]))
-    return expression, driver, draw(devices())
+    device = draw(devices().filter(lambda d: _unambiguous(driver, d)))
+    return expression, driver, device

@@ -36,6 +36,10 @@ class CheckError(Exception):
     """The expression does not type-check; cel-go's wording."""
 
 
+class Unsupported(Exception):
+    """The expression type-checks upstream but uses what this evaluator does not implement."""
+
+
 class Type:
     """A cel-go ``types.Type``: kind, runtime name and parameters. ``==`` is IsExactType."""
 
@@ -447,10 +451,9 @@ class _Checker:
         if isinstance(expr, Comprehension):
             return self.check_comprehension(expr)
         if isinstance(expr, CreateStruct):
-            raise self.error(
-                expr,
+            raise Unsupported(
                 f"message construction {expr.type_name}{{...}} is not supported by dra-gpu's "
-                "CEL evaluator",
+                "CEL evaluator"
             )
         raise self.error(expr, "unexpected expression")
 

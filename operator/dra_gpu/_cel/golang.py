@@ -211,8 +211,11 @@ def format_float_f(value: float) -> str:
 
 # --- time ----------------------------------------------------------------------------------------
 
+# time.Parse(time.RFC3339, s): the fast path, then the general parser, which also takes a
+# one-digit hour, a comma before the fraction and zone offsets up to 24:60.
 _RFC3339: Final = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:([Zz])|([+-])(\d{2}):(\d{2}))"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{1,2}):([0-9]{2}):([0-9]{2})([.,][0-9]+)?"
+    r"(?:(Z)|([+-])([0-9]{2}):([0-9]{2}))"
 )
 _DAYS_IN_MONTH: Final = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _EPOCH_ORDINAL: Final = datetime.date(1970, 1, 1).toordinal()
@@ -235,7 +238,7 @@ def parse_rfc3339(text: str) -> tuple[int, int] | None:
     offset = 0
     if match[9]:
         oh, om = int(match[10]), int(match[11])
-        if oh > 23 or om > 59:
+        if oh > 24 or om > 60:
             return None
         offset = (oh * 3600 + om * 60) * (-1 if match[9] == "-" else 1)
     if year == 0:

@@ -399,10 +399,10 @@ def matches(text: Any, pattern: Any) -> bool:
 
 
 def compiled_regex(pattern: str) -> Any:
+    """The compiled pattern; CelError as Go fails (or for what is not supported here; the
+    planner reports a constant pattern of that kind at compile time instead)."""
     try:
         return regex.compile_go(pattern)
-    except regex.UnsupportedRegex:
-        raise
     except regex.RegexError as error:
         raise CelError(str(error)) from None
 
@@ -976,7 +976,7 @@ def _duration_getter(unit: int) -> Callable[[Duration], int]:
     return get
 
 
-# --- string.format (cel-go ext.Strings version 2: the en_US formatter) -----------------------------
+# --- string.format (cel-go ext.Strings version 2: the en_US formatter) ----------------------------
 
 
 class _FormatError(CelError):
@@ -1464,8 +1464,8 @@ def _find_all(s: str, pattern: str, limit: int) -> list[str]:
 def _find_regex(pattern: str) -> Any:
     try:
         return regex.compile_go(pattern)
-    except regex.UnsupportedRegex:
-        raise
+    except regex.UnsupportedRegex as error:
+        raise CelError(str(error)) from None
     except regex.RegexError as error:
         raise CelError(f"Illegal regex: {error}") from None
 

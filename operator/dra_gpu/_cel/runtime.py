@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from dra_gpu._cel import library
-from dra_gpu._cel.library import DefaultMap, compiled_regex, no_such_overload
+from dra_gpu._cel import library, regex
+from dra_gpu._cel.formats import NamedFormat
+from dra_gpu._cel.library import DefaultMap, no_such_overload
+from dra_gpu._cel.semvers import Semver
 from dra_gpu._cel.syntax import (
     Call,
     Comprehension,
@@ -36,7 +38,6 @@ from dra_gpu._cel.values import (
     INT64_MIN,
     MISSING,
     OPTIONAL_NONE,
-    UINT64_MAX,
     CelError,
     CelType,
     Optional,
@@ -110,8 +111,14 @@ def _charge(frame: list[Any], amount: int) -> None:
         raise _cost_exceeded()
 
 
+_FREE_CALLS: Final = frozenset({"_&&_", "_||_", "_?_:_"})
+
+
 def _static_cost(expr: Expr) -> int:
-    """Nodes cel-go charges at least 1 for: identifiers, selections, calls, literals of lists."""
+    """What one evaluation of ``expr`` costs at least in cel-go's model, never more than its
+    estimate: 1 per identifier, selection and call (``&&``, ``||`` and ``?:`` are free), 1 per
+    list or map literal (cel-go: 10). An accepted selector's estimate is at most the limit, so
+    this count of a run of it stays under the limit too."""
     cost = 0
     stack = [expr]
     while stack:
@@ -121,7 +128,7 @@ def _static_cost(expr: Expr) -> int:
         if isinstance(e, Select):
             stack.append(e.operand)
         elif isinstance(e, Call):
-            cost += 1
+            cost += e.function not in _FREE_CALLS
             if e.target is not None:
                 stack.append(e.target)
             stack.extend(e.args)
@@ -208,11 +215,11 @@ class _Planner:
             pattern = args[1]
             if isinstance(pattern, _Const) and type(pattern.value) is str:
                 try:
-                    compiled_regex(pattern.value)
-                except CelError as error:
-                    raise PlanError(str(error)) from None
-                except Exception as error:
+                    regex.compile_go(pattern.value)
+                except regex.UnsupportedRegex as error:
                     raise PlanError(str(error), unsupported=True) from None
+                except regex.RegexError as error:
+                    raise PlanError(str(error)) from None
         if name == "format" and expr.target is not None:
             _check_format(expr)
         if name in ("or", "orValue") and _optional_overload(expr):
@@ -229,7 +236,6 @@ class _Planner:
             except CelError as error:
                 raise PlanError(str(error)) from None
         fns = [a.fn if isinstance(a, _Const) else a for a in args]
-        fns = [_fresh(a) for a in fns]
         cost = _SIZE_COST.get(name)
         if cost is not None:
             return cost(fn, fns)
@@ -527,11 +533,6 @@ def _accumulator(slot: int, init: _Fn) -> _Fn:
     return accumulator
 
 
-def _fresh(fn: _Fn) -> _Fn:
-    # A folded quantity is a new value at every evaluation upstream (and Cmp may mutate it).
-    return fn
-
-
 def _type_value(t: Any) -> CelType:
     return CelType(t.name)
 
@@ -685,6 +686,11 @@ def _member(keys: set[Any], value: Any) -> bool:
     t = type(value)
     if t is float and value != value:
         return False
+    if t is bytes or t is Semver or t is NamedFormat:
+        # cel-go looks the value up in a Go map; these hold slices or funcs, and Go panics
+        raise CelError(
+            f"internal error: runtime error: hash of unhashable type {library.type_name(value)}"
+        )
     try:
         return (t, int(value) if t is Uint else value) in keys
     except TypeError:
@@ -766,6 +772,3 @@ def plan(tree: Expr) -> Program:
     planner = _Planner()
     fn = planner.fn(tree)
     return Program(fn, planner.slots)
-
-
-_ = (UINT64_MAX,)

@@ -402,13 +402,15 @@ class _Parser:
         return token
 
     def enter(self, rule: str) -> None:
+        # cel-go's parse listener limits how deeply a grammar rule nests: measured, 249
+        # parenthesized (or bracketed, or argument) levels parse and 250 do not.
         depth = self.rule_depth.get(rule, 0) + 1
         self.rule_depth[rule] = depth
         if depth > _MAX_RECURSION:
             raise SyntaxError_(f"expression recursion limit exceeded: {_MAX_RECURSION}")
 
-    def leave(self, rule: str, times: int = 1) -> None:
-        self.rule_depth[rule] -= times
+    def leave(self, rule: str) -> None:
+        self.rule_depth[rule] -= 1
 
     # grammar
 
@@ -453,25 +455,21 @@ class _Parser:
         return result
 
     def conditional_or(self) -> Expr:
-        self.enter("conditionalOr")
         terms = [self.conditional_and()]
         pos = terms[0].pos
         while self.peek().kind == "||":
             pos = self.next().pos
             terms.append(self.conditional_and())
-        self.leave("conditionalOr")
         if len(terms) == 1:
             return terms[0]
         return self.uncounted(Call(pos, "_||_", None, terms), *terms)
 
     def conditional_and(self) -> Expr:
-        self.enter("conditionalAnd")
         terms = [self.relation()]
         pos = terms[0].pos
         while self.peek().kind == "&&":
             pos = self.next().pos
             terms.append(self.relation())
-        self.leave("conditionalAnd")
         if len(terms) == 1:
             return terms[0]
         return self.uncounted(Call(pos, "_&&_", None, terms), *terms)
@@ -484,27 +482,17 @@ class _Parser:
     _ADDITIVE: Final = {"+": "_+_", "-": "_-_"}
 
     def relation(self) -> Expr:
-        # ANTLR's left recursion: each operator nests the chain one context deeper, and the
-        # right operand is a relation of its own.
-        self.enter("relation")
-        pushes = 0
+        # Left-associative; chains are limited by the visitor depth (see counted()).
         left = self.calc(0)
         while self.peek().kind in self._RELATIONS:
             token = self.next()
-            pushes += 1
-            self.enter("relation")
-            self.enter("relation")
             right = self.calc(0)
-            self.leave("relation")
             left = self.counted(
                 Call(token.pos, self._RELATIONS[token.kind], None, [left, right]), left, right
             )
-        self.leave("relation", pushes + 1)
         return left
 
     def calc(self, precedence: int) -> Expr:
-        self.enter("calc")
-        pushes = 0
         left = self.unary()
         while True:
             kind = self.peek().kind
@@ -515,15 +503,11 @@ class _Parser:
             else:
                 break
             token = self.next()
-            pushes += 1
-            self.enter("calc")
             right = self.calc(next_precedence)
             left = self.counted(Call(token.pos, function, None, [left, right]), left, right)
-        self.leave("calc", pushes + 1)
         return left
 
     def unary(self) -> Expr:
-        self.enter("unary")
         token = self.peek()
         if token.kind == "-" and self.peek(1).kind in ("int", "float"):
             # a negative literal: the grammar's first alternative wins over Negate
@@ -541,12 +525,9 @@ class _Parser:
                 result = self.uncounted(Call(token.pos, function, None, [operand]), operand)
         else:
             result = self.member()
-        self.leave("unary")
         return result
 
     def member(self) -> Expr:
-        self.enter("member")
-        pushes = 0
         expr = self.primary()
         while True:
             token = self.peek()
@@ -563,8 +544,6 @@ class _Parser:
                     name = name_token.text[1:-1]
                 else:
                     raise self.unexpected(name_token)
-                pushes += 1
-                self.enter("member")
                 if not optional and name_token.kind == "ident" and self.peek().kind == "(":
                     self.next()
                     args = self.expr_list(")")
@@ -584,17 +563,13 @@ class _Parser:
                     optional = True
                 index = self.expr()
                 self.expect("]")
-                pushes += 1
-                self.enter("member")
                 function = "_[?_]" if optional else "_[_]"
                 expr = self.counted(Call(token.pos, function, None, [expr, index]), expr, index)
             else:
                 break
-        self.leave("member", pushes + 1)
         return expr
 
     def primary(self) -> Expr:
-        self.enter("primary")
         token = self.next()
         kind = token.kind
         result: Expr
@@ -666,7 +641,6 @@ class _Parser:
             )
         else:
             result = self.literal(token)
-        self.leave("primary")
         return result
 
     def create_message(self, pos: int, name: str) -> Expr:
