@@ -98,6 +98,7 @@ class Explainer:
         self._world: tuple[int, explain.World] | None = None  # and the generation it saw
         self._checks = explain.Checks(self.epochs.__getitem__)
         self._done: dict[str, _Done] = {}
+        self._names: dict[str, tuple[int, list[str]]] = {}  # claim -> its stamp, its classes
         self._clean_at: int | None = None
         # Explanations to post: for claims whose own inputs changed, and the others.
         self._urgent: dict[str, _Done] = {}
@@ -232,10 +233,14 @@ class Explainer:
             if not waiting:
                 continue
             waiting_keys.add(key)
+            stamp = view.stamp("ResourceClaim", key)
+            names = self._names.get(key)
+            if names is None or names[0] != stamp:
+                names = self._names[key] = (stamp, explain.class_names(claim))
             inputs = (
-                view.stamp("ResourceClaim", key),
+                stamp,
                 tuple(view.stamp("Pod", p) for p in pod_keys),
-                tuple(self.epochs[n] for n in explain.class_names(claim)),
+                tuple(self.epochs[n] for n in names[1]),
             )
             done = self._done.get(key)
             if done is None or done.inputs != inputs:
@@ -243,6 +248,8 @@ class Explainer:
                 found.append((not own, key, waiting, inputs))
         for key in set(self._done) - waiting_keys:
             del self._done[key]
+        for key in set(self._names) - waiting_keys:
+            del self._names[key]
         for queue in (self._urgent, self._outbox):
             for key in set(queue) - waiting_keys:
                 del queue[key]

@@ -33,7 +33,8 @@ import datetime
 import logging
 import os
 import socket
-from typing import Any, NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn, cast
 
 import kopf
 
@@ -104,6 +105,11 @@ class Controller:
         def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             settings.posting.enabled = False  # our Events say what happened, Kopf's would not
             settings.scanning.disabled = True  # we watch built-in kinds only: no CRD discovery
+            settings.persistence.diffbase_storage = _NoDiffBase()
+            per_object = logging.getLogger("kopf.objects")
+            if not per_object.isEnabledFor(logging.DEBUG):
+                # "Handler ... succeeded" for every watch event: what we saw, not what we did.
+                per_object.setLevel(logging.WARNING)
             settings.watching.server_timeout = 300
             settings.watching.client_timeout = 330
             settings.networking.error_backoffs = [1, 2, 5]
@@ -334,6 +340,23 @@ class Controller:
             metrics.DEVICE_STATUS_REPAIRS.inc(len(stale))
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """Kopf's record of an object's last handled state, which only change handlers read: the
+    controller has event handlers only, so it keeps none. Nothing is stored on the objects, and
+    no watch event pays for a deep copy of its object (most of what Kopf spent per event)."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass
+
+
 async def _either(*events: asyncio.Event) -> None:
     """Until one of ``events`` is set."""
     waiters = [asyncio.ensure_future(e.wait()) for e in events]
@@ -461,5 +484,6 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
             await asyncio.gather(*tasks, return_exceptions=True)
             await controller.leader.release()
             for task in done - {stop}:
-                if task.exception():
+                # Kopf handles SIGTERM too and cancels the loop's tasks: a stop, not a failure.
+                if not task.cancelled() and task.exception():
                     raise task.exception()  # type: ignore[misc]
