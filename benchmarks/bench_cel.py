@@ -7,8 +7,10 @@ Compilation is cached, so the rate is building the ``device`` variable plus one 
 
 Also prints where the time goes: the same devices with the DeviceClass selector and the request
 selector together (``evaluate_all`` converts each device once), the tutorial's hand-written
-devices (memory only), building the variables alone, and a selector that calls no function.
-Prints ``BENCH <name> <value> <unit>`` lines; asserts nothing.
+devices (memory only), building the variables alone, a selector that calls no function, a
+richer selector (cel.bind, a comprehension over the attributes, a regular expression, semver),
+and the cached path the controller uses (``evaluate_device`` over devices alike in what the
+selector reads). Prints ``BENCH <name> <value> <unit>`` lines; asserts nothing.
 
 Run: ``.venv/bin/python benchmarks/bench_cel.py [--devices N] [--rounds R]``
 """
@@ -27,6 +29,12 @@ TUTORIAL_SELECTOR = (
     'device.capacity["gpu.example.com"].memory\n    .compareTo(quantity("24Gi")) >= 0'
 )
 DRIVER_SELECTOR = 'device.driver == "gpu.example.com"'
+RICH_SELECTOR = (
+    'cel.bind(gpu, device.attributes["gpu.example.com"], '
+    'gpu.productName.matches("^NVIDIA [A-Z][0-9]+$") && '
+    'gpu.cudaComputeCapability.isGreaterThan(semver("8.0.0")) && '
+    'gpu.exists(k, v, k == "migCapable" && v == false))'
+)
 
 
 def make_device(index: int) -> dict[str, Any]:
@@ -47,9 +55,7 @@ def make_device(index: int) -> dict[str, Any]:
     }
 
 
-def rate(
-    devices: list[dict[str, Any]], rounds: int, step: Callable[[dict[str, Any]], Any]
-) -> float:
+def rate(devices: list[Any], rounds: int, step: Callable[[Any], Any]) -> float:
     best = 0.0
     for _ in range(rounds):
         started = time.perf_counter()
@@ -78,16 +84,24 @@ def main() -> None:
     small = rate(memory_only, args.rounds, lambda d: cel.evaluate(tutorial, DRIVER, d))
     no_call = rate(devices, args.rounds, lambda d: cel.evaluate(driver_only, DRIVER, d))
     views = rate(devices, args.rounds, lambda d: cel.device_view(DRIVER, d))
+    rich = cel.compile_selector(RICH_SELECTOR)
+    assert rich.error is None, rich.error
+    rich_rate = rate(devices, args.rounds, lambda d: cel.evaluate(rich, DRIVER, d))
+    values = [cel.DeviceValues(DRIVER, d) for d in devices]
+    cached = rate(values, args.rounds, lambda v: cel.evaluate_device(tutorial, v))
     rows = [
         ("tutorial selector", evaluations, "evaluations/s"),
         ("class + request selector (evaluate_all)", 2 * pairs, "evaluations/s"),
         ("tutorial selector, memory-only devices", small, "evaluations/s"),
         ("device.driver == ... (no function)", no_call, "evaluations/s"),
         ("device_view() alone", views, "devices/s"),
+        ("cel.bind + comprehension + regex + semver", rich_rate, "evaluations/s"),
+        ("tutorial selector, cached (evaluate_device)", cached, "evaluations/s"),
     ]
     for name, value, unit in rows:
         print(f"{name:<42} {value:>10,.0f} {unit}")
     print(f"BENCH cel_evaluations_per_second {evaluations:.0f} 1/s")
+    print(f"BENCH cel_rich_selector_evaluations_per_second {rich_rate:.0f} 1/s")
 
 
 if __name__ == "__main__":

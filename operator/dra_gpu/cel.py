@@ -83,6 +83,11 @@ _VERDICT_CACHE_SIZE: Final = 200_000
 _PROFILE_TABLE_SIZE: Final = 1_000_000
 
 _RECURSION_LIMIT: Final = 6000
+# cel-go parses 249 levels of nesting, and the recursive descent here needs about ten Python
+# frames a level: raised once, when this module is loaded, so that it never changes under a
+# running caller (Python 3.11 keeps Python-to-Python calls off the C stack).
+if sys.getrecursionlimit() < _RECURSION_LIMIT:
+    sys.setrecursionlimit(_RECURSION_LIMIT)
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
@@ -117,9 +122,6 @@ def compile_selector(expression: str) -> Compiled:
     ``Compiled.error`` with cel-go's message; so does a feature this evaluator does not
     implement, named, with the expression.
     """
-    if sys.getrecursionlimit() < _RECURSION_LIMIT:
-        # cel-go parses 249 levels of nesting; a recursive descent needs ~10 frames a level.
-        sys.setrecursionlimit(_RECURSION_LIMIT)
     size = len(expression.encode())
     if size > MAX_EXPRESSION_BYTES:
         return Compiled(
