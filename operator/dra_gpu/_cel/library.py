@@ -699,10 +699,19 @@ def is_sorted(items: list[Any]) -> bool:
     for item in items:
         if type(item) not in _COMPARABLE:
             raise no_such_overload()
-        if previous is not MISSING and compare(previous, item) == 1:
+        if previous is not MISSING and _compare_or_none(previous, item) == 1:
             return False
         previous = item
     return True
+
+
+def _compare_or_none(a: Any, b: Any) -> int | None:
+    # The Kubernetes list library compares Compare()'s result with -1/1: an error (NaN) is
+    # neither, so it decides nothing.
+    try:
+        return compare(a, b)
+    except CelError:
+        return None
 
 
 def _sum(zero: Any) -> Callable[[list[Any]], Any]:
@@ -721,7 +730,7 @@ def _extreme(name: str, prefer: int) -> Callable[[list[Any]], Any]:
         for item in items:
             if type(item) not in _COMPARABLE:
                 raise no_such_overload()
-            if result is MISSING or compare(result, item) == prefer:
+            if result is MISSING or _compare_or_none(result, item) == prefer:
                 result = item
         if result is MISSING:
             raise CelError(f"{name} called on empty list")
