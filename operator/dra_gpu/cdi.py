@@ -187,12 +187,14 @@ def _lowest_cdi_version(devices: Sequence[CdiDevice]) -> str:
 # --- spec files ---------------------------------------------------------------------------------
 
 
-def write_claim_spec(cdi_dir: Path, spec: CdiSpec, *, claim_uid: str) -> Path:
+def write_claim_spec(cdi_dir: Path, spec: CdiSpec, *, claim_uid: str, durable: bool = True) -> Path:
     """Write the spec of claim ``claim_uid`` atomically into ``cdi_dir``; return its path.
 
     The file name comes from the spec's kind and the claim UID. Every device of the spec must
     be named after that claim, so a spec cannot be filed under another claim by mistake.
-    Creates ``cdi_dir`` if needed; rewriting a claim's spec replaces it whole.
+    Creates ``cdi_dir`` if needed; rewriting a claim's spec replaces it whole. Without
+    ``durable`` nothing is fsync'd (see ``files``): for a caller whose own durable record can
+    write the spec again after a power cut.
     """
     vendor, _, cdi_class = spec["kind"].partition("/")
     if cdi_class != CDI_CLASS or not _VENDOR_OR_CLASS.fullmatch(vendor):
@@ -202,8 +204,13 @@ def write_claim_spec(cdi_dir: Path, spec: CdiSpec, *, claim_uid: str) -> Path:
         raise ValueError(f"claim {claim_uid}: spec devices {strangers} belong to another claim")
     path = cdi_dir / _spec_file_name(vendor, claim_uid)
     cdi_dir.mkdir(parents=True, exist_ok=True)
-    files.atomic_write(path, json.dumps(spec, indent=2).encode() + b"\n", mode=0o644)
+    files.atomic_write(path, spec_bytes(spec), mode=0o644, durable=durable)
     return path
+
+
+def spec_bytes(spec: CdiSpec) -> bytes:
+    """A spec's file content, exactly as ``write_claim_spec`` writes it."""
+    return json.dumps(spec, indent=2).encode() + b"\n"
 
 
 def read_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> CdiSpec | None:
@@ -225,9 +232,9 @@ def read_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> CdiSpec | Non
     return cast(CdiSpec, body)
 
 
-def delete_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> bool:
+def delete_claim_spec(cdi_dir: Path, driver: str, claim_uid: str, *, durable: bool = True) -> bool:
     """Delete a claim's spec; True if there was one. Repeating it is harmless."""
-    return files.remove(cdi_dir / spec_file_name(driver, claim_uid))
+    return files.remove(cdi_dir / spec_file_name(driver, claim_uid), durable=durable)
 
 
 def list_claim_specs(cdi_dir: Path, driver: str) -> dict[str, Path]:

@@ -6,8 +6,11 @@ what it prepared: which devices, which CDI IDs it returned, and the spec content
 
 This module owns the record and its file format; it does not prepare anything, talk to the API
 or decide what to do with a corrupt file (``quarantine`` only moves one aside). The record
-types are immutable: ``with_claim`` / ``without_claim`` return new checkpoints, which the
-caller writes with ``write_checkpoint`` (atomic, mode 0600) before it answers the kubelet.
+types are immutable: ``with_claim`` / ``without_claim`` return new checkpoints. The file is a
+snapshot, written whole with ``write_checkpoint`` (atomic, mode 0600), plus a journal of the
+changes since, which the agent appends with ``Journal.append`` before it answers the kubelet:
+one small append and one ``fdatasync`` per group of changes, where a snapshot costs a new
+file, its fsync, a rename and the directory's fsync. ``read_checkpoint`` reads both.
 
 File format (version ``v1``)::
 
@@ -21,6 +24,20 @@ File format (version ``v1``)::
 Canonical JSON = keys sorted, no whitespace, ASCII only. The checksum catches a file that is
 complete JSON but not what we wrote (a torn write on a file system without atomic rename, a
 hand edit); a truncated file already fails to parse.
+
+Journal (``<checkpoint file>.journal``, version ``v1``), one JSON document per line::
+
+    {"journal": "v1", "snapshot": "<checksum of the snapshot it follows>"}
+    {"checksum": "<sha256 of the canonical JSON of change>", "change": {"put": <claim>}}
+    {"checksum": "...", "change": {"delete": "<claim UID>"}}
+
+Replayed in order over the snapshot whose checksum the header names; a journal that names
+another snapshot (or none exists) is left over from before the last snapshot, which already
+holds its changes, and is ignored. Only the last line may be damaged (an append that a crash
+cut short was never acknowledged, so it is dropped); a damaged line before a good one makes
+the checkpoint corrupt. Appending after a damaged line would glue onto it, so a ``Journal``
+starts with a fresh snapshot, and writes one again once the journal has grown
+``compact_bytes`` (then the journal starts over).
 """
 
 from __future__ import annotations
@@ -31,7 +48,7 @@ import hashlib
 import json
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict, cast
 
@@ -107,6 +124,29 @@ class Checkpoint:
         return Checkpoint({k: v for k, v in self.claims.items() if k != uid})
 
 
+@dataclasses.dataclass(frozen=True)
+class Put:
+    """A change: record ``claim`` (replacing an entry with its UID)."""
+
+    claim: PreparedClaim
+
+    def apply(self, checkpoint: Checkpoint) -> Checkpoint:
+        return checkpoint.with_claim(self.claim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Delete:
+    """A change: forget claim ``uid`` (nothing if it was not recorded)."""
+
+    uid: str
+
+    def apply(self, checkpoint: Checkpoint) -> Checkpoint:
+        return checkpoint.without_claim(self.uid)
+
+
+Change = Put | Delete
+
+
 # --- JSON bodies --------------------------------------------------------------------------------
 
 
@@ -137,6 +177,10 @@ class CheckpointFile(TypedDict):
 
 def dump(checkpoint: Checkpoint) -> bytes:
     """The file content for ``checkpoint``: versioned, checksummed, indented for people."""
+    return _dump(checkpoint)[0]
+
+
+def _dump(checkpoint: Checkpoint) -> tuple[bytes, str]:
     data: CheckpointData = {
         "claims": [_claim_record(checkpoint.claims[uid]) for uid in sorted(checkpoint.claims)]
     }
@@ -145,7 +189,7 @@ def dump(checkpoint: Checkpoint) -> bytes:
         "checksum": _checksum(data),
         "data": data,
     }
-    return json.dumps(document, indent=2).encode() + b"\n"
+    return json.dumps(document, indent=2).encode() + b"\n", document["checksum"]
 
 
 def _claim_record(claim: PreparedClaim) -> ClaimRecord:
@@ -173,6 +217,10 @@ def _checksum(data: object) -> str:
 
 def load(data: bytes) -> Checkpoint:
     """Parse a checkpoint file's content; CorruptCheckpoint says what is wrong with it."""
+    return _load(data)[0]
+
+
+def _load(data: bytes) -> tuple[Checkpoint, str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -207,7 +255,127 @@ def load(data: bytes) -> Checkpoint:
         raise CorruptCheckpoint("data holds a number JSON cannot represent") from None
     if recorded != actual:
         raise CorruptCheckpoint(f"checksum mismatch: file says {recorded}, data hashes to {actual}")
-    return _checkpoint(body)
+    return _checkpoint(body), actual
+
+
+# --- the journal --------------------------------------------------------------------------------
+
+JOURNAL_VERSION: Final = "v1"
+JOURNAL_SUFFIX: Final = ".journal"
+COMPACT_BYTES: Final = 1 << 20
+"""A journal this long is folded into a new snapshot (about a thousand prepared claims)."""
+
+
+def journal_path(path: Path) -> Path:
+    """The journal of the checkpoint file ``path``."""
+    return path.with_name(path.name + JOURNAL_SUFFIX)
+
+
+def _journal_header(snapshot_checksum: str) -> bytes:
+    header = {"journal": JOURNAL_VERSION, "snapshot": snapshot_checksum}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n"
+
+
+def _journal_line(change: Change) -> bytes:
+    body: dict[str, Any]
+    if isinstance(change, Put):
+        body = {"put": _claim_record(change.claim)}
+    else:
+        body = {"delete": change.uid}
+    line = {"checksum": _checksum(body), "change": body}
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
+
+
+def _replay(checkpoint: Checkpoint, snapshot_checksum: str, data: bytes) -> Checkpoint:
+    """``checkpoint`` with the journal ``data`` applied, if the journal follows it."""
+    lines = data.split(b"\n")
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("journal") != JOURNAL_VERSION:
+        if len(lines) == 1:
+            return checkpoint  # a header cut short: nothing was ever appended
+        raise CorruptCheckpoint(f"journal: line 1 is not a {JOURNAL_VERSION} journal header")
+    if header.get("snapshot") != snapshot_checksum:
+        return checkpoint  # left over from before the snapshot, which holds its changes
+    entries = lines[1:]
+    while entries and not entries[-1]:
+        entries.pop()
+    for number, line in enumerate(entries, start=2):
+        try:
+            change = _change(line, f"journal line {number}")
+        except CorruptCheckpoint:
+            if number == len(entries) + 1:
+                break  # the last append, cut short by a crash: never acknowledged
+            raise
+        checkpoint = change.apply(checkpoint)
+    return checkpoint
+
+
+def _change(line: bytes, where: str) -> Change:
+    try:
+        document: Any = json.loads(line)
+    except ValueError as error:
+        raise CorruptCheckpoint(f"{where}: not valid JSON: {error}") from None
+    top = _object(document, where)
+    body = _object(_key(top, "change", where), f"{where}.change")
+    if _checksum(body) != _key(top, "checksum", where):
+        raise CorruptCheckpoint(f"{where}: checksum mismatch")
+    if "put" in body:
+        return Put(_claim(_object(body["put"], f"{where}.put"), f"{where}.put"))
+    if "delete" in body:
+        return Delete(_string(body["delete"], f"{where}.delete"))
+    raise CorruptCheckpoint(f"{where}: a change is 'put' or 'delete', not {sorted(body)}")
+
+
+class Journal:
+    """The agent's writer of the checkpoint at ``path``: changes appended durably, one
+    ``fdatasync`` per call, and a fresh snapshot at start and whenever the journal has grown
+    ``compact_bytes``. Blocking: call it from a thread. One writer per file."""
+
+    def __init__(
+        self, path: Path, checkpoint: Checkpoint, *, compact_bytes: int = COMPACT_BYTES
+    ) -> None:
+        self.path = path
+        self.compact_bytes = compact_bytes
+        self._fd: int | None = None
+        self._size = 0
+        self.compact(checkpoint)
+
+    def compact(self, checkpoint: Checkpoint) -> None:
+        """Write ``checkpoint`` as the snapshot and start an empty journal after it."""
+        self.close()
+        checksum = write_checkpoint(self.path, checkpoint)
+        header = _journal_header(checksum)
+        journal = journal_path(self.path)
+        files.atomic_write(journal, header, mode=FILE_MODE)
+        self._fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._size = len(header)
+
+    def append(self, changes: Sequence[Change], result: Checkpoint) -> None:
+        """Record ``changes`` (which turn the checkpoint so far into ``result``) durably."""
+        if self._fd is None:  # an earlier append failed half way: start over from a snapshot
+            self.compact(result)
+            return
+        data = b"".join(_journal_line(change) for change in changes)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)
+        except OSError as error:
+            self.close()  # what reached the file is unknown: never append after it
+            error.add_note(f"appending to the journal of checkpoint {self.path}")
+            raise
+        self._size += len(data)
+        if self._size >= self.compact_bytes:
+            self.compact(result)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
 
 # --- validation of parsed JSON ------------------------------------------------------------------
@@ -299,7 +467,8 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint stored at ``path``; an empty one if there is no file yet.
+    """The checkpoint stored at ``path`` (its snapshot and journal); an empty one if there is
+    no file yet.
 
     Raises CorruptCheckpoint (naming the path) for a file that cannot be trusted; the caller
     decides whether to ``quarantine`` it.
@@ -307,26 +476,48 @@ def read_checkpoint(path: Path) -> Checkpoint:
     try:
         content = path.read_bytes()
     except FileNotFoundError:
-        return Checkpoint()
+        return Checkpoint()  # a journal without its snapshot is a leftover: see the format
     try:
-        return load(content)
+        snapshot, checksum = _load(content)
+    except CorruptCheckpoint as error:
+        raise CorruptCheckpoint(error.reason, path=path) from None
+    try:
+        journal = journal_path(path).read_bytes()
+    except FileNotFoundError:
+        return snapshot
+    try:
+        return _replay(snapshot, checksum, journal)
     except CorruptCheckpoint as error:
         raise CorruptCheckpoint(error.reason, path=path) from None
 
 
-def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    """Store ``checkpoint`` at ``path`` atomically (mode 0600), creating the directory."""
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> str:
+    """Store ``checkpoint`` at ``path`` atomically (mode 0600), creating the directory; an
+    older journal goes. Returns the snapshot's checksum."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.atomic_write(path, dump(checkpoint), mode=FILE_MODE)
+    content, checksum = _dump(checkpoint)
+    files.atomic_write(path, content, mode=FILE_MODE)
+    files.remove(journal_path(path))
+    return checksum
 
 
 def quarantine(path: Path, *, now: datetime.datetime | None = None) -> Path:
-    """Move a bad checkpoint aside to ``<name>.corrupt-<UTC timestamp>``; return the new path.
+    """Move a bad checkpoint aside to ``<name>.corrupt-<UTC timestamp>`` (its journal, if any,
+    to ``<name>.journal.corrupt-<UTC timestamp>``); return the snapshot's new path.
 
-    The file is kept for inspection, never deleted: an earlier quarantined file with the same
-    timestamp gets a numbered neighbour instead of being overwritten. ``now`` is for tests.
+    The files are kept for inspection, never deleted: an earlier quarantined file with the
+    same timestamp gets a numbered neighbour instead of being overwritten. ``now`` is for tests.
     """
     moment = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+    target = _aside(path, moment)
+    journal = journal_path(path)
+    if journal.exists():
+        _aside(journal, moment)
+    files.fsync_directory(path.parent)
+    return target
+
+
+def _aside(path: Path, moment: datetime.datetime) -> Path:
     base = f"{path.name}.corrupt-{moment:%Y%m%dT%H%M%SZ}"
     target = path.with_name(base)
     attempt = 0
@@ -335,5 +526,4 @@ def quarantine(path: Path, *, now: datetime.datetime | None = None) -> Path:
         attempt += 1
         target = path.with_name(f"{base}-{attempt}")
     os.rename(path, target)
-    files.fsync_directory(path.parent)
     return target

@@ -4,6 +4,11 @@ A reader (a container runtime scanning /var/run/cdi, or the agent itself after a
 either the old file or the new one, never half of one. This module owns that mechanism and
 nothing else: it knows no file formats and no Kubernetes. Its functions block on fsync, so
 async callers run them in a thread (``asyncio.to_thread``).
+
+``durable=False`` keeps the atomicity (readers still see the old or the new file, whole, also
+after the writing process crashed) and drops the fsyncs: after a power cut such a change may be
+lost or, on some file systems, leave an empty file. That is for files that something durable
+can re-create (the agent's CDI specs, from its checkpoint), not for the source of truth.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ TEMP_SUFFIX = ".tmp"
 """Temporary files end here, never in ``.json``/``.yaml``: CDI runtimes load every such file."""
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new content, whole.
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that readers see the old or the new content, whole;
+    with ``durable``, also on stable storage when this returns.
 
     The temporary file lives in the same directory (a rename is only atomic within one file
     system) and is hidden by a leading dot; it gets ``mode`` before any content is visible.
@@ -38,7 +44,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
             os.fchmod(stream.fileno(), mode)
             stream.write(data)
             stream.flush()
-            os.fsync(stream.fileno())
+            if durable:
+                os.fsync(stream.fileno())
         os.replace(tmp, path)
     except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
@@ -47,16 +54,19 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
             error.add_note(f"writing {path} atomically (via {tmp.name})")
         raise
     # The rename itself lives in the directory; without this a power cut may undo it.
-    fsync_directory(path.parent)
+    if durable:
+        fsync_directory(path.parent)
 
 
-def remove(path: Path) -> bool:
-    """Delete ``path`` durably; True if it existed. Deleting a missing file is not an error."""
+def remove(path: Path, *, durable: bool = True) -> bool:
+    """Delete ``path`` (``durable``: on stable storage when this returns); True if it
+    existed. Deleting a missing file is not an error."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
-    fsync_directory(path.parent)
+    if durable:
+        fsync_directory(path.parent)
     return True
 
 

@@ -66,7 +66,8 @@ async def start_agent(
     await eventually(lambda: nothing_left_but_claim(api, namespace), what="test pods gone")
     for agent in agents:
         agent.stop()
-        for path in (agent.checkpoint_file, *agent.cdi_dir.glob("*.json")):
+        journal = checkpoint.journal_path(agent.checkpoint_file)
+        for path in (agent.checkpoint_file, journal, *agent.cdi_dir.glob("*.json")):
             path.unlink(missing_ok=True)
     listing = await api.get(
         f"{RESOURCE}/resourceslices",

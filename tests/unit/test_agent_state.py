@@ -103,3 +103,67 @@ async def test_concurrent_unprepares_share_checkpoint_writes_and_lose_nothing(
     assert sorted(on_disk.claims) == sorted(keep)
     assert sorted(agent.prepared.claims) == sorted(keep)
     assert sorted(uid for uid, entries in sink.calls if entries == []) == sorted(uids[10:])
+
+
+async def test_recover_rewrites_a_spec_that_a_power_cut_left_empty_or_stale(
+    tmp_path: Path,
+) -> None:
+    # Specs are not fsync'd (the checkpoint is the durable record): after a power cut one may
+    # be there by name with no content, or with an older content.
+    agent = state(tmp_path)
+    agent.load(checkpoint.Checkpoint({"u1": prepared("u1"), "u2": prepared("u2")}))
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, "u1")).write_bytes(b"")
+    other = cdi.claim_spec(DRIVER, "u2", [("gpu-1", {"GPU_DEVICE_0": "gpu-1"})])
+    cdi.write_claim_spec(tmp_path / "cdi", other, claim_uid="u2")
+
+    repaired = await agent.recover()
+
+    assert repaired == [
+        "re-wrote damaged CDI spec of claim ns/claim-u1",
+        "re-wrote damaged CDI spec of claim ns/claim-u2",
+    ]
+    for uid in ("u1", "u2"):
+        assert cdi.read_claim_spec(tmp_path / "cdi", DRIVER, uid) == prepared(uid).cdi_spec
+    assert await agent.recover() == []
+
+
+async def test_a_claim_whose_spec_cannot_be_removed_stays_recorded_the_others_go(
+    tmp_path: Path,
+) -> None:
+    agent = state(tmp_path)
+    uids = [f"u{i}" for i in range(5)]
+    agent.load(checkpoint.Checkpoint({uid: prepared(uid) for uid in uids}))
+    for uid in uids:
+        spec = prepared(uid).cdi_spec
+        assert spec is not None
+        cdi.write_claim_spec(tmp_path / "cdi", spec, claim_uid=uid)
+    # A directory where u3's spec should be: unlinking it fails, in the commit's thread.
+    stuck = tmp_path / "cdi" / cdi.spec_file_name(DRIVER, "u3")
+    stuck.unlink()
+    stuck.mkdir()
+
+    results = await asyncio.gather(
+        *(agent.unprepare(ClaimRef("ns", f"claim-{u}", ClaimUID(u))) for u in uids)
+    )
+
+    assert [r is None for r in results] == [True, True, True, False, True]
+    on_disk = checkpoint.read_checkpoint(tmp_path / "checkpoint" / "checkpoint.json")
+    assert sorted(on_disk.claims) == ["u3"]
+    assert sorted(agent.prepared.claims) == ["u3"]
+
+
+async def test_closing_folds_the_journal_into_the_snapshot_an_older_agent_would_read(
+    tmp_path: Path,
+) -> None:
+    agent = state(tmp_path)
+    agent.load(checkpoint.Checkpoint({u: prepared(u) for u in ("u1", "u2")}))
+    assert await agent.unprepare(ClaimRef("ns", "claim-u1", ClaimUID("u1"))) is None
+    path = tmp_path / "checkpoint" / "checkpoint.json"
+    assert set(checkpoint.load(path.read_bytes()).claims) == {"u1", "u2"}, "in the journal"
+    assert set(checkpoint.read_checkpoint(path).claims) == {"u2"}
+
+    agent.close()
+
+    assert set(checkpoint.load(path.read_bytes()).claims) == {"u2"}
+    assert set(checkpoint.read_checkpoint(path).claims) == {"u2"}

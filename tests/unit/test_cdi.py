@@ -102,15 +102,19 @@ def test_a_spec_cannot_be_filed_under_another_claim(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_write_is_atomic_no_temp_files_left(tmp_path: Path, strict_umask: None) -> None:
+@pytest.mark.parametrize("durable", [True, False], ids=["fsynced", "not-fsynced"])
+def test_write_is_atomic_no_temp_files_left(
+    tmp_path: Path, strict_umask: None, durable: bool
+) -> None:
     cdi_dir = tmp_path / "cdi"  # created on demand
     first = cdi.claim_spec(DRIVER, UID, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
     second = cdi.claim_spec(DRIVER, UID, [("gpu-1", {"GPU_DEVICE_1": "gpu-1"})])
-    cdi.write_claim_spec(cdi_dir, first, claim_uid=UID)
-    path = cdi.write_claim_spec(cdi_dir, second, claim_uid=UID)
+    cdi.write_claim_spec(cdi_dir, first, claim_uid=UID, durable=durable)
+    path = cdi.write_claim_spec(cdi_dir, second, claim_uid=UID, durable=durable)
 
     assert [p.name for p in cdi_dir.iterdir()] == [path.name]
     assert json.loads(path.read_text()) == second
+    assert path.read_bytes() == cdi.spec_bytes(second)
     # Runtimes run as root but need not: the spec is world-readable whatever the umask.
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
@@ -130,12 +134,13 @@ def test_atomic_write_into_a_missing_directory_says_where(tmp_path: Path) -> Non
     assert any(str(tmp_path / "missing") in note for note in raised.value.__notes__)
 
 
-def test_delete_is_idempotent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durable", [True, False], ids=["fsynced", "not-fsynced"])
+def test_delete_is_idempotent(tmp_path: Path, durable: bool) -> None:
     spec = cdi.claim_spec(DRIVER, UID, [("gpu-0", {})])
     path = cdi.write_claim_spec(tmp_path, spec, claim_uid=UID)
-    assert cdi.delete_claim_spec(tmp_path, DRIVER, UID) is True
+    assert cdi.delete_claim_spec(tmp_path, DRIVER, UID, durable=durable) is True
     assert not path.exists()
-    assert cdi.delete_claim_spec(tmp_path, DRIVER, UID) is False
+    assert cdi.delete_claim_spec(tmp_path, DRIVER, UID, durable=durable) is False
     assert cdi.delete_claim_spec(tmp_path / "never-created", DRIVER, UID) is False
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import cdi, checkpoint
+from dra_gpu import cdi, checkpoint, files
 from dra_gpu.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
 
 DRIVER = "gpu.example.com"
@@ -221,3 +221,116 @@ def test_quarantine_keeps_the_bad_file(stored: Path) -> None:
     assert second.name == "checkpoint.json.corrupt-20260301T123005Z-1"
     assert first.read_bytes() == b'{"version": "v1", "chec'
     assert second.read_bytes() == b"second"
+
+
+# --- the journal --------------------------------------------------------------------------------
+
+
+def test_journal_appends_read_back_over_the_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    a, b = prepared_claim("a1"), prepared_claim("b2", ("gpu-1",))
+    journal = checkpoint.Journal(path, Checkpoint({"a1": a}))
+    state = Checkpoint({"a1": a})
+    for change in ([checkpoint.Put(b)], [checkpoint.Delete("a1"), checkpoint.Delete("zz")]):
+        for c in change:
+            state = c.apply(state)
+        journal.append(change, state)
+    journal.close()
+
+    assert checkpoint.read_checkpoint(path) == Checkpoint({"b2": b})
+    assert checkpoint.load(path.read_bytes()) == Checkpoint({"a1": a}), "the snapshot is older"
+    assert stat.S_IMODE(checkpoint.journal_path(path).stat().st_mode) == 0o600
+    lines = checkpoint.journal_path(path).read_bytes().splitlines()
+    assert [sorted(json.loads(line)) for line in lines[1:]] == [["change", "checksum"]] * 3
+
+
+def test_an_append_cut_short_by_a_crash_is_dropped_a_damaged_line_before_others_is_not(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    a, b = prepared_claim("a1"), prepared_claim("b2")
+    journal = checkpoint.Journal(path, Checkpoint())
+    journal.append([checkpoint.Put(a)], Checkpoint({"a1": a}))
+    journal.append([checkpoint.Put(b)], Checkpoint({"a1": a, "b2": b}))
+    journal.close()
+    journal_file = checkpoint.journal_path(path)
+    whole = journal_file.read_bytes()
+    first, second = whole.splitlines()[1:]
+
+    journal_file.write_bytes(whole[: -len(second) // 2])  # the last append, half written
+    assert checkpoint.read_checkpoint(path) == Checkpoint({"a1": a})
+
+    journal_file.write_bytes(whole.replace(first, first.replace(b'"a1"', b'"x1"')))
+    with pytest.raises(CorruptCheckpoint, match="journal line 2: checksum mismatch") as raised:
+        checkpoint.read_checkpoint(path)
+    assert raised.value.path == path
+
+
+def test_a_new_journal_starts_from_a_snapshot_so_nothing_glues_onto_a_damaged_tail(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    a, b = prepared_claim("a1"), prepared_claim("b2")
+    journal = checkpoint.Journal(path, Checkpoint())
+    journal.append([checkpoint.Put(a)], Checkpoint({"a1": a}))
+    journal.close()
+    with checkpoint.journal_path(path).open("ab") as torn:
+        torn.write(b'{"checksum": "12')  # a crash in the middle of an append
+
+    recorded = checkpoint.read_checkpoint(path)
+    journal = checkpoint.Journal(path, recorded)  # as the agent does at its first commit
+    journal.append([checkpoint.Put(b)], recorded.with_claim(b))
+    journal.close()
+
+    assert checkpoint.read_checkpoint(path) == Checkpoint({"a1": a, "b2": b})
+    assert checkpoint.load(path.read_bytes()) == Checkpoint({"a1": a})
+
+
+def test_a_journal_older_than_its_snapshot_is_ignored_and_a_long_one_is_folded_in(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    a, b = prepared_claim("a1"), prepared_claim("b2")
+    journal = checkpoint.Journal(path, Checkpoint(), compact_bytes=10_000)
+    journal.append([checkpoint.Put(a)], Checkpoint({"a1": a}))
+    # A crash while a new snapshot was written (here: a rebuilt one): the new snapshot is in
+    # place, the journal of the old one is still there, and is not applied to it.
+    files.atomic_write(path, checkpoint.dump(Checkpoint({"b2": b})), mode=0o600)
+    assert checkpoint.read_checkpoint(path) == Checkpoint({"b2": b})
+    journal.close()
+
+    state = Checkpoint()
+    journal = checkpoint.Journal(path, state, compact_bytes=4_000)
+    for i in range(20):  # about 420 bytes each
+        claim = prepared_claim(f"c{i}")
+        state = state.with_claim(claim)
+        journal.append([checkpoint.Put(claim)], state)
+    journal.close()
+    assert checkpoint.read_checkpoint(path) == state
+    assert len(checkpoint.journal_path(path).read_bytes()) < 4_000
+    assert len(checkpoint.load(path.read_bytes()).claims) >= 9, "folded into the snapshot"
+
+
+def test_writing_a_snapshot_drops_the_journal_and_quarantine_keeps_both(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    a = prepared_claim("a1")
+    journal = checkpoint.Journal(path, Checkpoint())
+    journal.append([checkpoint.Put(a)], Checkpoint({"a1": a}))
+    journal.close()
+    journal_bytes = checkpoint.journal_path(path).read_bytes()
+
+    now = datetime.datetime(2026, 3, 1, 12, 30, 5, tzinfo=datetime.UTC)
+    moved = checkpoint.quarantine(path, now=now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.json.corrupt-20260301T123005Z",
+        "checkpoint.json.journal.corrupt-20260301T123005Z",
+    ]
+    assert moved.name == "checkpoint.json.corrupt-20260301T123005Z"
+    assert (tmp_path / "checkpoint.json.journal.corrupt-20260301T123005Z").read_bytes() == (
+        journal_bytes
+    )
+
+    checkpoint.Journal(path, Checkpoint({"a1": a})).close()
+    checkpoint.write_checkpoint(path, Checkpoint())
+    assert not checkpoint.journal_path(path).exists()
+    assert checkpoint.read_checkpoint(path) == Checkpoint()

@@ -108,7 +108,27 @@ async def _run(
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)
+    try:
+        await _serve(settings, state, publisher, status_writer, registration, instance, stopping)
+    finally:
+        # After the servers stopped: nothing prepares any more. The journal becomes a
+        # snapshot, which is all that an older agent (a rollback) would read; if that fails,
+        # snapshot and journal still hold everything.
+        try:
+            await asyncio.to_thread(state.close)
+        except OSError as exc:
+            log.error("could not fold the checkpoint's journal into its snapshot: %s", exc)
 
+
+async def _serve(
+    settings: AgentSettings,
+    state: DeviceState,
+    publisher: SlicePublisher,
+    status_writer: StatusWriter,
+    registration: server.RegistrationStatus,
+    instance: str,
+    stopping: asyncio.Event,
+) -> None:
     async def healthz() -> tuple[bool, str]:
         if registration.registered is False:
             return False, f"the kubelet refused the registration: {registration.error}"

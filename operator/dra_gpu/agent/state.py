@@ -6,12 +6,18 @@ the claim in the checkpoint before answering; unprepare undoes both. Both are id
 recorded claim is answered from the checkpoint (its spec written again if a reboot emptied the
 CDI directory), an unknown one unprepares as a success.
 
-Crash consistency: the kubelet gets its answer only after both the spec and the checkpoint
-entry are on disk, and after a crash at any point ``recover`` repairs the directory from the
-checkpoint: specs without an entry are leaks (the kubelet never got an answer and will ask
-again) and are deleted; entries without a spec get it written again. So the two writes need no
-order and run concurrently. Checkpoint writes are group-committed: claims prepared at the same
-time share one write of the file instead of queueing for one each.
+Crash consistency: the checkpoint is the record, and the kubelet gets its answer only after the
+claim's entry is on stable storage (fsync'd file, renamed, directory fsync'd) and its CDI spec
+is in place. The spec is written atomically (readers see all of it or none) but not fsync'd:
+it lives on a tmpfs that a reboot empties anyway, and ``recover`` at start makes the CDI
+directory agree with the checkpoint whatever a crash or a power cut left there: specs without
+an entry are leaks (the kubelet never got an answer and will ask again) and are deleted;
+entries whose spec is missing or not what was recorded get it written again. So a prepare
+waits for one durability barrier, not two, and an unprepare likewise (spec deleted, then the
+entry removed durably). That barrier is an append to the checkpoint's journal and one
+``fdatasync`` (``checkpoint.Journal``), not a new snapshot. Checkpoint writes are
+group-committed: claims prepared at the same time share one append, and their specs are
+written by the same thread just before it, instead of each queueing for its own.
 
 This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
 servicers and never talks gRPC itself; ``status.devices`` writes go to a ``StatusWriter`` and do
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,8 +44,18 @@ from dra_gpu.devices import model
 log = logging.getLogger(__name__)
 
 InventorySource = Callable[[bool], Awaitable[model.Inventory]]
-Change = Callable[[checkpoint.Checkpoint], checkpoint.Checkpoint]
 """Returns the node's inventory; ``True`` asks for a fresh read instead of the cached one."""
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A checkpoint change waiting for the next group commit."""
+
+    change: checkpoint.Change
+    done: asyncio.Future[None]
+    files: Callable[[], None] | None = None
+    """Blocking file work (a claim's spec written or deleted) done in the commit's thread just
+    before the checkpoint; if it fails, the change is left out and ``done`` gets the error."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +97,9 @@ class DeviceState:
         # Per-claim locks keep a prepare and an unprepare of the same claim in order while
         # different claims read the API in parallel; checkpoint changes are group-committed.
         self._claim_locks: dict[str, asyncio.Lock] = {}
-        self._pending: list[tuple[Change, asyncio.Future[None]]] = []
+        self._pending: list[_Pending] = []
         self._committing = False
+        self._journal: checkpoint.Journal | None = None  # opened by the first commit
 
     @property
     def prepared(self) -> checkpoint.Checkpoint:
@@ -90,8 +108,19 @@ class DeviceState:
     # ---- start ---------------------------------------------------------------------------
 
     def load(self, recorded: checkpoint.Checkpoint) -> None:
+        self.close()
         self._checkpoint = recorded
         self._update_gauges()
+
+    def close(self) -> None:
+        """Fold the journal into a snapshot (an older agent reads only that) and close it.
+        Blocking; call it once nothing is prepared or unprepared any more."""
+        if self._journal is not None:
+            journal, self._journal = self._journal, None
+            try:
+                journal.compact(self._checkpoint)
+            finally:
+                journal.close()
 
     async def recover(self) -> list[str]:
         """Make the CDI directory agree with the checkpoint; returns what it repaired."""
@@ -101,9 +130,17 @@ class DeviceState:
             await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, uid)
             repaired.append(f"deleted CDI spec of unrecorded claim {uid}")
         for uid, claim in sorted(self._checkpoint.claims.items()):
-            if claim.cdi_spec is not None and uid not in on_disk:
+            if claim.cdi_spec is None:
+                continue
+            if uid not in on_disk:
                 await self._write_spec(uid, claim.cdi_spec)
                 repaired.append(f"re-wrote CDI spec of claim {claim.namespace}/{claim.name}")
+            elif not await asyncio.to_thread(_same_content, on_disk[uid], claim.cdi_spec):
+                # Not fsync'd when it was written: a power cut may have left it empty.
+                await self._write_spec(uid, claim.cdi_spec)
+                repaired.append(
+                    f"re-wrote damaged CDI spec of claim {claim.namespace}/{claim.name}"
+                )
         return repaired
 
     async def release_stale(self) -> list[str]:
@@ -135,6 +172,8 @@ class DeviceState:
         self, refs: Sequence[ClaimRef]
     ) -> dict[str, checkpoint.PreparedClaim | PrepareFailed]:
         """Each claim on its own: one bad claim does not fail the others."""
+        if len(refs) == 1:  # the usual request: no task needed
+            return {refs[0].uid: await self.prepare(refs[0])}
         results = await asyncio.gather(*(self.prepare(ref) for ref in refs))
         return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
 
@@ -196,10 +235,10 @@ class DeviceState:
             devices=tuple(prepared),
             cdi_spec=spec,
         )
-        writes = [self._commit(lambda recorded: recorded.with_claim(record))]
+        write_spec = None
         if spec is not None:
-            writes.append(self._write_spec(ref.uid, spec))
-        await asyncio.gather(*writes)
+            write_spec = functools.partial(self._write_spec_blocking, ref.uid, spec)
+        await self._commit(checkpoint.Put(record), write_spec)
         failpoints.reach("before-answer")
         self._status.set_devices(ref, self._status_entries(allocated, devices))
         return record
@@ -250,6 +289,8 @@ class DeviceState:
     # ---- unprepare -----------------------------------------------------------------------
 
     async def unprepare_all(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareFailed | None]:
+        if len(refs) == 1:
+            return {refs[0].uid: await self.unprepare(refs[0])}
         results = await asyncio.gather(*(self.unprepare(ref) for ref in refs))
         return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
 
@@ -273,52 +314,86 @@ class DeviceState:
         return error
 
     async def _unprepare(self, ref: ClaimRef) -> None:
-        # The spec goes even for an unrecorded claim: it may be a leak of a crashed prepare.
-        await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, ref.uid)
-        failpoints.reach("cdi-spec-deleted")
+        delete_spec = functools.partial(self._delete_spec_blocking, ref.uid)
         if ref.uid not in self._checkpoint.claims:
+            # The spec goes even for an unrecorded claim: it may be a leak of a crashed prepare.
+            await asyncio.to_thread(delete_spec)
             return
-        await self._commit(lambda recorded: recorded.without_claim(ref.uid))
+        await self._commit(checkpoint.Delete(ref.uid), delete_spec)
         self._status.set_devices(ref, [])
 
     # ---- helpers -------------------------------------------------------------------------
 
-    async def _commit(self, change: Change) -> None:
-        """Apply ``change`` to the checkpoint and return once it is on disk. Whoever finds no
-        write in progress writes every change queued meanwhile, in one go."""
+    async def _commit(
+        self, change: checkpoint.Change, files: Callable[[], None] | None = None
+    ) -> None:
+        """Apply ``change`` to the checkpoint and return once it is on disk, after ``files``
+        (the claim's spec work) succeeded. Whoever finds no write in progress writes every
+        change queued meanwhile, in one go, in one thread."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((change, done))
+        self._pending.append(_Pending(change, done, files))
         if not self._committing:
             self._committing = True
             try:
                 while self._pending:
                     batch, self._pending = self._pending, []
-                    updated = self._checkpoint
-                    for apply, _ in batch:
-                        updated = apply(updated)
                     try:
-                        await asyncio.to_thread(
-                            checkpoint.write_checkpoint, self.checkpoint_file, updated
+                        updated, failed = await asyncio.to_thread(
+                            self._write_batch, self._checkpoint, batch
                         )
                     except Exception as exc:
-                        for _, waiter in batch:
-                            waiter.set_exception(exc)
+                        for pending in batch:
+                            pending.done.set_exception(exc)
                         continue
-                    failpoints.reach("checkpoint-written")
                     self._checkpoint = updated
                     self._update_gauges()
-                    for _, waiter in batch:
-                        waiter.set_result(None)
+                    for i, pending in enumerate(batch):
+                        if i in failed:
+                            pending.done.set_exception(failed[i])
+                        else:
+                            pending.done.set_result(None)
             finally:
                 self._committing = False
         await done
+
+    def _write_batch(
+        self, current: checkpoint.Checkpoint, batch: Sequence[_Pending]
+    ) -> tuple[checkpoint.Checkpoint, dict[int, Exception]]:
+        """(In a thread.) Each pending change's file work, then the checkpoint with the
+        changes whose file work succeeded: the one durable write of the whole batch."""
+        updated = current
+        failed: dict[int, Exception] = {}
+        changes: list[checkpoint.Change] = []
+        for i, pending in enumerate(batch):
+            if pending.files is not None:
+                try:
+                    pending.files()
+                except Exception as exc:
+                    failed[i] = exc
+                    continue
+            changes.append(pending.change)
+            updated = pending.change.apply(updated)
+        if changes:
+            if self._journal is None:
+                self._journal = checkpoint.Journal(self.checkpoint_file, current)
+            self._journal.append(changes, updated)
+            failpoints.reach("checkpoint-written")
+        return updated, failed
 
     def _claim_lock(self, uid: str) -> asyncio.Lock:
         return self._claim_locks.setdefault(uid, asyncio.Lock())
 
     async def _write_spec(self, uid: str, spec: cdi.CdiSpec) -> None:
-        await asyncio.to_thread(cdi.write_claim_spec, self.cdi_dir, spec, claim_uid=uid)
+        await asyncio.to_thread(self._write_spec_blocking, uid, spec)
+
+    def _write_spec_blocking(self, uid: str, spec: cdi.CdiSpec) -> None:
+        # Not fsync'd: the checkpoint entry is the durable record (see the module docstring).
+        cdi.write_claim_spec(self.cdi_dir, spec, claim_uid=uid, durable=False)
         failpoints.reach("cdi-spec-written")
+
+    def _delete_spec_blocking(self, uid: str) -> None:
+        cdi.delete_claim_spec(self.cdi_dir, self.driver, uid, durable=False)
+        failpoints.reach("cdi-spec-deleted")
 
     async def _ensure_spec(self, uid: str, spec: cdi.CdiSpec) -> None:
         path = self.cdi_dir / cdi.spec_file_name(self.driver, uid)
@@ -330,3 +405,10 @@ class DeviceState:
         claims_ = self._checkpoint.claims.values()
         metrics.PREPARED_CLAIMS.set(len(claims_))
         metrics.PREPARED_DEVICES.set(sum(len(c.devices) for c in claims_))
+
+
+def _same_content(path: Path, spec: cdi.CdiSpec) -> bool:
+    try:
+        return path.read_bytes() == cdi.spec_bytes(spec)
+    except FileNotFoundError:
+        return False
