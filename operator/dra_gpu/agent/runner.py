@@ -24,6 +24,10 @@ import signal
 import socket
 from typing import NoReturn
 
+from dra_gpu.agent import lean  # noqa: F401  (first: before anything loads kubernetes_asyncio)
+
+# isort: split
+
 from dra_gpu import cdi, checkpoint, events, httpserver, kube, metrics
 from dra_gpu.agent import claims, server
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
