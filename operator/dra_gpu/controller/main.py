@@ -106,6 +106,7 @@ class Controller:
             settings.posting.enabled = False  # our Events say what happened, Kopf's would not
             settings.scanning.disabled = True  # we watch built-in kinds only: no CRD discovery
             settings.persistence.diffbase_storage = _NoDiffBase()
+            settings.watching.chunk_size = 500  # list a big cluster's Pods without a big spike
             per_object = logging.getLogger("kopf.objects")
             if not per_object.isEnabledFor(logging.DEBUG):
                 # "Handler ... succeeded" for every watch event: what we saw, not what we did.
