@@ -9,7 +9,8 @@ from typing import Any
 
 from dra_gpu import cdi, checkpoint
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
-from dra_gpu.agent.state import DeviceState, StatusSink
+from dra_gpu.agent.state import CLAIM_READS, DeviceState, PrepareFailed, StatusSink
+from dra_gpu.devices import model
 
 DRIVER = "gpu.example.com"
 
@@ -167,3 +168,75 @@ async def test_closing_folds_the_journal_into_the_snapshot_an_older_agent_would_
 
     assert set(checkpoint.load(path.read_bytes()).claims) == {"u2"}
     assert set(checkpoint.read_checkpoint(path).claims) == {"u2"}
+
+
+class ClaimsOnly:
+    """The one API call prepare makes: GET of a claim, from a dict; counts reads at once."""
+
+    def __init__(self, claims: dict[str, dict[str, Any]]) -> None:
+        self.claims = claims
+        self.reading = 0
+        self.most_at_once = 0
+
+    async def get(self, path: str) -> dict[str, Any]:
+        self.reading += 1
+        self.most_at_once = max(self.most_at_once, self.reading)
+        try:
+            await asyncio.sleep(0)  # another prepare may start its read meanwhile
+            await asyncio.sleep(0)
+            return self.claims[path.rsplit("/", 1)[1]]
+        finally:
+            self.reading -= 1
+
+
+def allocated_claim(name: str, uid: str, device: str) -> dict[str, Any]:
+    result = {"request": "gpu", "driver": DRIVER, "pool": "node-01", "device": device}
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": uid},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+async def test_a_burst_of_prepares_reads_a_bounded_number_of_claims_at_once(
+    tmp_path: Path,
+) -> None:
+    gpus = tuple(
+        model.gpu_device(
+            index=i,
+            uuid=f"GPU-{i}",
+            memory="80Gi",
+            product_name="sim",
+            brand="sim",
+            architecture="sim",
+            cuda_compute_capability="9.0",
+            driver_version="550.0",
+            mig_capable=False,
+        )
+        for i in range(8)
+    )
+
+    async def inventory(fresh: bool) -> model.Inventory:
+        return model.Inventory("node-01", gpus)
+
+    claims = {f"c{i}": allocated_claim(f"c{i}", f"u{i}", f"gpu-{i % 8}") for i in range(200)}
+    api = ClaimsOnly(claims)
+    sink = RecordingSink()
+    agent = DeviceState(
+        api=api,  # type: ignore[arg-type]
+        driver=DRIVER,
+        node="node-01",
+        backend_kind="simulated",
+        cdi_dir=tmp_path / "cdi",
+        checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
+        inventory=inventory,
+        status=sink,
+    )
+    refs = [ClaimRef("ns", f"c{i}", ClaimUID(f"u{i}")) for i in range(200)]
+
+    results = await agent.prepare_all(refs)
+
+    assert [r for r in results.values() if isinstance(r, PrepareFailed)] == []
+    assert api.most_at_once == CLAIM_READS
+    assert len(cdi.list_claim_specs(tmp_path / "cdi", DRIVER)) == 200
+    on_disk = checkpoint.read_checkpoint(tmp_path / "checkpoint" / "checkpoint.json")
+    assert set(on_disk.claims) == {f"u{i}" for i in range(200)}

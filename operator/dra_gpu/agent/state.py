@@ -43,6 +43,11 @@ from dra_gpu.devices import model
 
 log = logging.getLogger(__name__)
 
+CLAIM_READS = 16
+"""Claims read from the API server at once. The kubelet sends a few at a time; a burst of
+hundreds must not open hundreds of connections (each a TLS session kept in the client's pool,
+tens of KiB resident, and as many requests at once on the API server)."""
+
 InventorySource = Callable[[bool], Awaitable[model.Inventory]]
 """Returns the node's inventory; ``True`` asks for a fresh read instead of the cached one."""
 
@@ -100,6 +105,7 @@ class DeviceState:
         self._pending: list[_Pending] = []
         self._committing = False
         self._journal: checkpoint.Journal | None = None  # opened by the first commit
+        self._reads = asyncio.Semaphore(CLAIM_READS)
 
     @property
     def prepared(self) -> checkpoint.Checkpoint:
@@ -245,7 +251,8 @@ class DeviceState:
 
     async def _read_claim(self, ref: ClaimRef) -> kube.Body:
         try:
-            return await self.api.get(ref.path)
+            async with self._reads:
+                return await self.api.get(ref.path)
         except kube.ApiError as exc:
             if exc.not_found:
                 raise ClaimError(f"ResourceClaim {ref} not found") from None
