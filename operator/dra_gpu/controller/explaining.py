@@ -51,6 +51,8 @@ SLICE = 0.05
 """Seconds of explaining between two yields to the event loop (and reports)."""
 PARALLEL = 16
 """Claims posted at a time (each a few Events)."""
+URGENT_PARALLEL = 4
+"""The same, for new waiting pods' claims, posted beside the others."""
 BULK = 2_000
 """A batch of changes this large (a start, a relist) makes every class's claims stale at once
 instead of being traced one change at a time."""
@@ -103,7 +105,8 @@ class Explainer:
         # Explanations to post: for claims whose own inputs changed, and the others.
         self._urgent: dict[str, _Done] = {}
         self._outbox: dict[str, _Done] = {}
-        self._due = asyncio.Event()
+        self._in_flight: set[str] = set()
+        self._due = {id(self._urgent): asyncio.Event(), id(self._outbox): asyncio.Event()}
 
     # ---- what changed ----------------------------------------------------------------------
 
@@ -307,8 +310,12 @@ class Explainer:
         keep = {d.uid for d in self._done.values() if d.result is not None}
         keep |= {str(view.claims[entry[0]]["metadata"].get("uid", "")) for entry in left}
         self.reporter.keep_only(keep)
-        if self._urgent or self._outbox:
-            self._due.set()
+        self._wake_lanes()
+
+    def _wake_lanes(self) -> None:
+        for queue in (self._urgent, self._outbox):
+            if queue:
+                self._due[id(queue)].set()
 
     def queued(self) -> int:
         return len(self._urgent) + len(self._outbox)
@@ -319,41 +326,67 @@ class Explainer:
         self._outbox.clear()
 
     async def post_due(self) -> int:
-        """Post the queued explanations, new waiting pods' first, ``PARALLEL`` claims at a
-        time; returns how many. A claim whose post failed is queued again (unless a newer
-        explanation replaced it meanwhile) and the failure raised."""
+        """Post every queued explanation; returns how many (``post_forever`` without the
+        waiting: for tests and benchmarks). A failure is raised, its claim queued again."""
         posted = 0
         while self._urgent or self._outbox:
-            batch = []
-            for queue in (self._urgent, self._outbox):
-                while queue and len(batch) < PARALLEL:
-                    key = next(iter(queue))
-                    batch.append((queue is self._urgent, queue.pop(key)))
-            outcomes = await asyncio.gather(
-                *(self._post(done) for _, done in batch), return_exceptions=True
+            counts = await asyncio.gather(
+                self._drain(self._urgent, URGENT_PARALLEL), self._drain(self._outbox, PARALLEL)
             )
-            failed = None
-            for (urgent, done), outcome in zip(batch, outcomes, strict=True):
-                if isinstance(outcome, BaseException):
-                    failed = failed or outcome
-                    if done.key not in self._urgent and done.key not in self._outbox:
-                        (self._urgent if urgent else self._outbox)[done.key] = done
-            posted += len(batch)
-            if failed is not None:
-                raise failed
+            posted += sum(counts)
         return posted
 
     async def post_forever(self) -> NoReturn:
-        """Post what ``explain_pending`` queues, as it comes."""
+        """Post what ``explain_pending`` queues, as it comes, in two lanes: new waiting pods'
+        explanations never wait behind a long run of others (a device taken changes the
+        message of every claim of its class)."""
+        async with asyncio.TaskGroup() as lanes:
+            lanes.create_task(self._lane(self._urgent, URGENT_PARALLEL), name="urgent")
+            lanes.create_task(self._lane(self._outbox, PARALLEL), name="others")
+        raise asyncio.CancelledError  # both lanes cancelled on their own: a stop
+
+    async def _lane(self, queue: dict[str, _Done], parallel: int) -> NoReturn:
+        due = self._due[id(queue)]
         while True:
-            await self._due.wait()
-            self._due.clear()
+            await due.wait()
+            due.clear()
             try:
-                await self.post_due()
+                await self._drain(queue, parallel)
             except Exception as exc:
                 log.warning("posting explanations failed (%s); trying again in 5 s", exc)
                 await asyncio.sleep(5)
-                self._due.set()
+                due.set()
+
+    async def _drain(self, queue: dict[str, _Done], parallel: int) -> int:
+        """Post from ``queue``, ``parallel`` claims at a time, skipping claims whose earlier
+        explanation is being posted (one claim's posts stay in order)."""
+        posted = 0
+        while True:
+            batch = []
+            for key in list(queue):
+                if key not in self._in_flight:
+                    batch.append(queue.pop(key))
+                    self._in_flight.add(key)
+                    if len(batch) == parallel:
+                        break
+            if not batch:
+                return posted
+            try:
+                outcomes = await asyncio.gather(
+                    *(self._post(done) for done in batch), return_exceptions=True
+                )
+            finally:
+                self._in_flight.difference_update(done.key for done in batch)
+                self._wake_lanes()  # the other lane may have skipped these claims
+            failed = None
+            for done, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    failed = failed or outcome
+                    if done.key not in self._urgent and done.key not in self._outbox:
+                        queue[done.key] = done
+            posted += len(batch)
+            if failed is not None:
+                raise failed
 
     async def _post(self, done: _Done) -> None:
         assert done.result is not None
