@@ -5,7 +5,8 @@ explanation after a batch of changes; computing those against one ``explain.Worl
 (over the view's indexes and a ``Layout`` kept until a pool changes); queueing those with a
 missing piece and posting them from a task of its own (``post_forever``) through the
 ``Reporter``, which posts a message only when it is not what it last posted for that claim.
-The queue holds the newest explanation per claim, new waiting pods' first.
+The queue holds the newest explanation per claim; new waiting pods' claims go in a lane of their
+own, beside the re-posts a taken device causes.
 
 A claim's explanation reads the claim, the pods that use it (the first waiting one's node
 constraints), its DeviceClasses, and what those classes can see of the cluster. That last part
@@ -48,7 +49,7 @@ from dra_gpu.controller.view import Changes, ClusterView, PoolKey
 log = logging.getLogger(__name__)
 
 SLICE = 0.05
-"""Seconds of explaining between two yields to the event loop (and reports)."""
+"""Seconds of explaining between two yields to the event loop."""
 PARALLEL = 16
 """Claims posted at a time (each a few Events)."""
 URGENT_PARALLEL = 4
