@@ -59,6 +59,18 @@ def dying_with_parent(argv: list[str]) -> list[str]:
     return [sys.executable, launcher, str(os.getpid()), *argv]
 
 
+def spawn_logged(argv: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """``argv`` started dying with this process, its output appended to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            dying_with_parent(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+        )
+
+
 @dataclasses.dataclass
 class _Process:
     name: str
@@ -207,21 +219,16 @@ class ControlPlane:
         """Start (once) the forwarder from ``node_gateway`` to the API server."""
         if self._node_gateway is None or self._node_gateway.poll() is not None:
             self.node_gateway.unlink(missing_ok=True)
-            with (self.logs_dir / "node-gateway.log").open("ab") as out:
-                self._node_gateway = subprocess.Popen(
-                    dying_with_parent(
-                        [
-                            _tool("socat"),
-                            # Relative: a unix socket's path has at most 107 bytes.
-                            f"UNIX-LISTEN:{self.node_gateway.name},fork,mode=600",
-                            f"TCP:127.0.0.1:{self.ports.apiserver}",
-                        ]
-                    ),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    cwd=self.workdir,
-                )
+            self._node_gateway = spawn_logged(
+                [
+                    _tool("socat"),
+                    # Relative: a unix socket's path has at most 107 bytes.
+                    f"UNIX-LISTEN:{self.node_gateway.name},fork,mode=600",
+                    f"TCP:127.0.0.1:{self.ports.apiserver}",
+                ],
+                self.logs_dir / "node-gateway.log",
+                cwd=self.workdir,
+            )
             deadline = time.monotonic() + 10
             while not self.node_gateway.exists():
                 if time.monotonic() > deadline or self._node_gateway.poll() is not None:
@@ -248,14 +255,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, args: list[str], wrapper: tuple[str, ...] = ()) -> _Process:
         log = self.logs_dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                dying_with_parent([*wrapper, str(self.binary(name)), *args]),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-            )
+        popen = spawn_logged([*wrapper, str(self.binary(name)), *args], log, cwd=self.workdir)
         proc = _Process(name, popen, log)
         self._processes.append(proc)
         return proc
@@ -499,30 +499,25 @@ class ControlPlane:
         (pki / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
 
     def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {
-                                "server": self.server,
-                                "certificate-authority": str(self.ca_file),
-                            },
-                        }
-                    ],
-                    "users": [{"name": "admin", "user": {"token": self.token}}],
-                    "contexts": [
-                        {"name": "local", "context": {"cluster": "local", "user": "admin"}}
-                    ],
-                    "current-context": "local",
-                },
-                indent=2,
-            )
-        )
-        self.kubeconfig.chmod(0o600)
+        write_kubeconfig(self.kubeconfig, self.server, self.ca_file, "admin", {"token": self.token})
+
+
+def write_kubeconfig(
+    path: Path, server: str, ca_file: Path, user: str, credentials: dict[str, str]
+) -> None:
+    """A kubeconfig of one cluster and one user, readable by its owner only."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}
+        ],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
 
 
 def _terminate(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:

@@ -38,8 +38,9 @@ from dra_gpu.testing._control_plane import (
     _tail,
     _terminate,
     _tool,
-    dying_with_parent,
     free_port,
+    spawn_logged,
+    write_kubeconfig,
 )
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"
@@ -317,29 +318,12 @@ class RealNode:
         crt, key = self.cp.issue_certificate(
             f"node-{self.name}", f"/CN=system:node:{self.name}/O=system:nodes"
         )
-        self._write_json(
+        write_kubeconfig(
             self.state / "kubeconfig",
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "local",
-                        "cluster": {
-                            "server": f"https://127.0.0.1:{API_PORT_IN_NODE}",
-                            "certificate-authority": str(self.cp.ca_file),
-                        },
-                    }
-                ],
-                "users": [
-                    {
-                        "name": self.name,
-                        "user": {"client-certificate": str(crt), "client-key": str(key)},
-                    }
-                ],
-                "contexts": [{"name": "local", "context": {"cluster": "local", "user": self.name}}],
-                "current-context": "local",
-            },
+            f"https://127.0.0.1:{API_PORT_IN_NODE}",
+            self.cp.ca_file,
+            self.name,
+            {"client-certificate": str(crt), "client-key": str(key)},
         )
         self._write_json(self.state / "kubelet.yaml", self._kubelet_config())
         (self.state / "containerd.toml").write_text(self._containerd_config())
@@ -497,20 +481,15 @@ class RealNode:
     def _start_forwarder(self) -> None:
         if self._forwarder is not None and self._forwarder.poll() is None:
             return
-        with (self.logs_dir / "apiserver-to-kubelet.log").open("ab") as out:
-            self._forwarder = subprocess.Popen(
-                dying_with_parent(
-                    [
-                        _tool("socat"),
-                        f"TCP-LISTEN:{self.kubelet_port},bind=127.0.0.1,fork,reuseaddr",
-                        f"UNIX-CONNECT:{KUBELET_SOCKET}",
-                    ]
-                ),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.state,
-            )
+        self._forwarder = spawn_logged(
+            [
+                _tool("socat"),
+                f"TCP-LISTEN:{self.kubelet_port},bind=127.0.0.1,fork,reuseaddr",
+                f"UNIX-CONNECT:{KUBELET_SOCKET}",
+            ],
+            self.logs_dir / "apiserver-to-kubelet.log",
+            cwd=self.state,
+        )
 
     def _spawn(self) -> None:
         init = str(Path(__file__).with_name("_node_init.py"))
@@ -519,13 +498,7 @@ class RealNode:
             *("--mount", "--propagation", "private", "--net", "--"),
             *(sys.executable, init, str(self.state / "node.json")),
         ]
-        with (self.logs_dir / "node.log").open("ab") as out:
-            self._unshare = subprocess.Popen(
-                dying_with_parent(argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        self._unshare = spawn_logged(argv, self.logs_dir / "node.log")
 
     # ---- cgroups ---------------------------------------------------------------------------
 
