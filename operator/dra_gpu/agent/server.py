@@ -179,7 +179,7 @@ async def _bind(path: Path, servicers: Sequence[tuple[object, object]]) -> _Boun
     bind_at = path.with_name(f".{secrets.token_hex(2)}")
     if len(os.fsencode(bind_at)) > MAX_SOCKET_PATH:
         bind_at = path  # no room for a temporary name: bind in place, as gRPC would
-    _clear(path, bind_at)
+    _clear(bind_at)
     server = grpc.aio.server()
     for add, servicer in servicers:
         add(servicer, server)  # type: ignore[operator]
@@ -197,11 +197,10 @@ async def _bind(path: Path, servicers: Sequence[tuple[object, object]]) -> _Boun
     return _Bound(path, server, socket_id)
 
 
-def _clear(*paths: Path) -> None:
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+def _clear(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _remove_if_ours(bound: _Bound) -> None:
