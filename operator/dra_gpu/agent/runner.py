@@ -119,7 +119,7 @@ async def _run(
         # snapshot, which is all that an older agent (a rollback) would read; if that fails,
         # snapshot and journal still hold everything.
         try:
-            await asyncio.to_thread(state.close)
+            await state.aclose()
         except OSError as exc:
             log.error("could not fold the checkpoint's journal into its snapshot: %s", exc)
 

@@ -105,6 +105,7 @@ class DeviceState:
         self._pending: list[_Pending] = []
         self._committing = False
         self._journal: checkpoint.Journal | None = None  # opened by the first commit
+        self._writing: asyncio.Future[Any] | None = None  # the commit's thread, while it runs
         self._reads = asyncio.Semaphore(CLAIM_READS)
 
     @property
@@ -117,6 +118,15 @@ class DeviceState:
         self.close()
         self._checkpoint = recorded
         self._update_gauges()
+
+    async def aclose(self) -> None:
+        """``close``, once a write still under way (its RPC cancelled at shutdown) is over."""
+        writing = self._writing
+        if writing is not None and not writing.done():
+            await asyncio.wait([writing])
+        if writing is not None and not writing.cancelled():
+            writing.exception()  # reported to its waiters already; here only retrieved
+        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
         """Fold the journal into a snapshot (an older agent reads only that) and close it.
@@ -344,10 +354,13 @@ class DeviceState:
             try:
                 while self._pending:
                     batch, self._pending = self._pending, []
+                    # Shielded: a thread cannot be cancelled, and ``aclose`` must know when
+                    # the last write is over even if whoever waited for it was cancelled.
+                    self._writing = asyncio.ensure_future(
+                        asyncio.to_thread(self._write_batch, self._checkpoint, batch)
+                    )
                     try:
-                        updated, failed = await asyncio.to_thread(
-                            self._write_batch, self._checkpoint, batch
-                        )
+                        updated, failed = await asyncio.shield(self._writing)
                     except Exception as exc:
                         for pending in batch:
                             pending.done.set_exception(exc)
