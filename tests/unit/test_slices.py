@@ -1,6 +1,7 @@
 """Inventory -> ResourceSlice bodies: one pool per node, <= 128 devices a slice, deterministic."""
 
 import copy
+import datetime
 import json
 from pathlib import Path
 
@@ -187,3 +188,19 @@ def test_driver_or_node_changes_differ_and_metadata_does_not() -> None:
     relabelled = copy.deepcopy(wanted)
     relabelled[0]["metadata"] = {"name": "generated-x7k2p", "labels": {}}
     assert not slices.slices_differ(relabelled, wanted)
+
+
+def test_every_slice_says_which_agent_published_it_and_that_is_no_change_of_the_pool() -> None:
+    registered = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
+    me = slices.Publisher.at(registered, "agent-x.1a2b3c4d")
+    bodies = slices.build_slices("big", "uid", DRIVER, _gpus(200), 7, publisher=me)
+    assert [slices.publisher_of(b) for b in bodies] == [me, me]
+    assert bodies[0]["metadata"]["annotations"] == {
+        slices.PUBLISHER_ANNOTATION: "2026-01-02T03:04:05.678901Z agent-x.1a2b3c4d"
+    }
+    other = slices.Publisher.at(registered, "agent-y.00000000")
+    theirs = slices.build_slices("big", "uid", DRIVER, _gpus(200), 8, publisher=other)
+    assert not slices.slices_differ(theirs, bodies)
+    unsigned = slices.build_slices("big", "uid", DRIVER, _gpus(200), 7)
+    assert "annotations" not in unsigned[0]["metadata"]
+    assert slices.publisher_of(unsigned[0]) is None
