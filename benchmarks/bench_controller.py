@@ -883,6 +883,7 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
     print(f"  complete view after start   {complete:7.2f} s")
     print(f"  claim change -> metric lag  p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
     print(f"  new waiting pod -> Event    p50 {e50 * 1000:7.1f} ms  p99 {e99 * 1000:7.1f} ms")
+    print(f"    each, in order (ms): {' '.join(str(round(x * 1000)) for x in explain_lags)}")
     print(f"  /metrics answered within    p99 {a99 * 1000:7.1f} ms  max {slowest * 1000:7.1f} ms")
     print(f"  resident memory             {memory:7.1f} MiB")
     print(f"BENCH controller_apiserver_complete_view {complete:.3f} s")
