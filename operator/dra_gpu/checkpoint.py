@@ -305,7 +305,7 @@ def _replay(checkpoint: Checkpoint, snapshot_checksum: str, data: bytes) -> Chec
     for number, line in enumerate(entries, start=2):
         try:
             change = _change(line, f"journal line {number}")
-        except CorruptCheckpoint:
+        except _Torn:
             if number == len(entries) + 1:
                 break  # the last append, cut short by a crash: never acknowledged
             raise
@@ -313,15 +313,23 @@ def _replay(checkpoint: Checkpoint, snapshot_checksum: str, data: bytes) -> Chec
     return checkpoint
 
 
+class _Torn(CorruptCheckpoint):
+    """A journal line that is not what was written whole: a cut-short append, if it is last."""
+
+
 def _change(line: bytes, where: str) -> Change:
     try:
         document: Any = json.loads(line)
     except ValueError as error:
-        raise CorruptCheckpoint(f"{where}: not valid JSON: {error}") from None
-    top = _object(document, where)
-    body = _object(_key(top, "change", where), f"{where}.change")
-    if _checksum(body) != _key(top, "checksum", where):
-        raise CorruptCheckpoint(f"{where}: checksum mismatch")
+        raise _Torn(f"{where}: not valid JSON: {error}") from None
+    try:
+        top = _object(document, where)
+        body = _object(_key(top, "change", where), f"{where}.change")
+        checksum = _key(top, "checksum", where)
+    except CorruptCheckpoint as error:
+        raise _Torn(error.reason) from None
+    if _checksum(body) != checksum:
+        raise _Torn(f"{where}: checksum mismatch")
     if "put" in body:
         return Put(_claim(_object(body["put"], f"{where}.put"), f"{where}.put"))
     if "delete" in body:

@@ -334,3 +334,16 @@ def test_writing_a_snapshot_drops_the_journal_and_quarantine_keeps_both(tmp_path
     checkpoint.write_checkpoint(path, Checkpoint())
     assert not checkpoint.journal_path(path).exists()
     assert checkpoint.read_checkpoint(path) == Checkpoint()
+
+
+def test_a_whole_last_journal_line_that_says_something_else_is_corrupt_not_dropped(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    checkpoint.Journal(path, Checkpoint()).close()
+    body = {"rename": "a1"}  # signed as we sign, but no change we ever write
+    line = {"checksum": canonical_checksum(body), "change": body}
+    with checkpoint.journal_path(path).open("a") as journal:
+        journal.write(json.dumps(line) + "\n")
+    with pytest.raises(CorruptCheckpoint, match="journal line 2: a change is 'put' or 'delete'"):
+        checkpoint.read_checkpoint(path)
