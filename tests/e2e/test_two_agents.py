@@ -4,18 +4,24 @@ Both run as real processes (``python -m dra_gpu agent``) against the same node o
 stand-in, with the same kubelet directory, as two DaemonSets with one driver name would, but
 different device profiles, so that each finds the other's pool wrong. The one the kubelet
 registered last keeps publishing; the other backs off exponentially, both say why (log, Warning
-Event on the Node, metrics), and once the winner stops, the other takes over.
+Event on the Node, metrics), and once the winner stops, the other takes over. With the same
+CDI and checkpoint directories too (two releases with the chart's default host paths), what
+the winner prepared is the other's to unprepare once it takes over, and the loser writes
+nothing there meanwhile.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import grpc
 import pytest_asyncio
 
-from dra_gpu import kube, slices
+from dra_gpu import cdi, checkpoint, kube, slices
+from dra_gpu.proto.dra.v1 import api_pb2 as v1
+from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
 
 NODE = "node-03"
@@ -24,27 +30,39 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 CONFLICT = "ResourcePoolConflict"
 
 
+Pair = tuple[AgentProcess, AgentProcess]
+
+
 @pytest_asyncio.fixture
-async def two_agents(
+async def agent_pair(
     control_plane: ControlPlane, kubelet: KubeletStandIn, api: kube.Kube, tmp_path: Path
-) -> AsyncIterator[tuple[AgentProcess, AgentProcess]]:
-    agents = []
-    for name, gpus in (("first", 2), ("second", 3)):
-        profile = tmp_path / f"{name}.yaml"
-        profile.write_text(
-            f"nodes:\n  {NODE}:\n    devices:\n    - count: {gpus}\n      memory: 8Gi\n"
-        )
-        agents.append(
-            AgentProcess(
+) -> AsyncIterator[Callable[..., Pair]]:
+    """Two agents for one node, 2 and 3 GPUs, not started; ``shared=True``: one CDI and one
+    checkpoint directory for both."""
+    agents: list[AgentProcess] = []
+
+    def make(*, shared: bool = False) -> Pair:
+        for name, gpus in (("first", 2), ("second", 3)):
+            profile = tmp_path / f"{name}.yaml"
+            profile.write_text(
+                f"nodes:\n  {NODE}:\n    devices:\n    - count: {gpus}\n      memory: 8Gi\n"
+            )
+            host = tmp_path / "host"
+            agent = AgentProcess(
                 NODE,
                 control_plane.kubeconfig,
                 kubelet.kubelet_dir(NODE),
                 tmp_path / name,
                 profile=profile,
                 resync_seconds=5.0,
+                extra_args=(f"--cdi-dir={host}/cdi", f"--checkpoint-dir={host}/checkpoint")
+                if shared
+                else (),
             )
-        )
-    yield agents[0], agents[1]
+            agents.append(agent)
+        return agents[0], agents[1]
+
+    yield make
     for agent in agents:
         agent.stop()
     for item in await node_slices(api):
@@ -96,9 +114,9 @@ async def conflict_notes(api: kube.Kube) -> list[str]:
 
 
 async def test_the_later_agent_keeps_the_pool_the_other_backs_off_and_takes_over_after_it(
-    api: kube.Kube, two_agents: tuple[AgentProcess, AgentProcess]
+    api: kube.Kube, agent_pair: Callable[..., Pair]
 ) -> None:
-    first, second = two_agents
+    first, second = agent_pair()
     await first.astart()
     await eventually(lambda: pool_of(api, 2), what="the first agent's pool (2 devices)")
     notes_before = await conflict_notes(api)
@@ -156,3 +174,65 @@ async def test_the_later_agent_keeps_the_pool_the_other_backs_off_and_takes_over
 async def owned_by(api: kube.Kube, devices: int, instance: str) -> bool:
     found = await pool_of(api, devices)
     return found is not None and found[1] == instance
+
+
+async def allocated_claim(api: kube.Kube, namespace: str, device: str) -> v1.Claim:
+    """A claim allocated ``device`` of node-03's pool, written as the scheduler would."""
+    base = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    request = {"name": "gpu", "exactly": {"deviceClassName": "any"}}
+    created = await api.create(
+        base, {"metadata": {"name": "gpu"}, "spec": {"devices": {"requests": [request]}}}
+    )
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    created["status"] = {"allocation": {"devices": {"results": [result]}}}
+    await api.replace(f"{base}/gpu/status", created)
+    return v1.Claim(namespace=namespace, name="gpu", uid=created["metadata"]["uid"])
+
+
+async def call(
+    kubelet: KubeletStandIn, method: str, claim: v1.Claim
+) -> v1.NodePrepareResourceResponse:
+    socket = f"unix://{kubelet.kubelet_dir(NODE)}/plugins/{DRIVER}/dra.sock"
+    async with grpc.aio.insecure_channel(socket) as channel:
+        stub = v1_grpc.DRAPluginStub(channel)
+        if method == "prepare":
+            answer = await stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[claim]), timeout=10
+            )
+        else:
+            answer = await stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=10
+            )
+    result: v1.NodePrepareResourceResponse = answer.claims[claim.uid]
+    assert not result.error, result.error
+    return result
+
+
+async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool(
+    api: kube.Kube,
+    kubelet: KubeletStandIn,
+    namespace: str,
+    agent_pair: Callable[..., Pair],
+    tmp_path: Path,
+) -> None:
+    first, second = agent_pair(shared=True)
+    await first.astart()
+    await second.astart()
+    one = instance_of(first)
+    await eventually(lambda: pool_of(api, 3), what="the second agent's pool (3 devices)")
+    await eventually(lambda: "no longer writing" in log_of(first), what="the first agent retired")
+
+    claim = await allocated_claim(api, namespace, "gpu-0")
+    prepared = await call(kubelet, "prepare", claim)  # the kubelet calls the second one
+    cdi_dir, recorded = tmp_path / "host" / "cdi", tmp_path / "host" / "checkpoint"
+    assert set(cdi.list_claim_specs(cdi_dir, DRIVER)) == {claim.uid}
+    assert set(checkpoint.read_checkpoint(recorded / "checkpoint.json").claims) == {claim.uid}
+
+    # The second one goes; the first one takes over the sockets, the pool, and the claim.
+    second.stop()
+    await eventually(lambda: owned_by(api, 2, one), timeout=60, what="the first agent's pool")
+    again = await call(kubelet, "prepare", claim)
+    assert again == prepared, "answered from the checkpoint the second agent left"
+    await call(kubelet, "unprepare", claim)
+    assert cdi.list_claim_specs(cdi_dir, DRIVER) == {}
+    assert checkpoint.read_checkpoint(recorded / "checkpoint.json").claims == {}

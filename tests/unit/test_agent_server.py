@@ -57,20 +57,28 @@ async def test_a_refused_registration_is_recorded_with_the_kubelets_reason(tmp_p
     assert not status.accepted.is_set()
 
 
-def servers(tmp_path: Path, name: str) -> server.PluginServers:
+def servers(tmp_path: Path, name: str, events: list[str] | None = None) -> server.PluginServers:
+    seen = events if events is not None else []
+
+    async def back() -> None:
+        seen.append("back")
+
     return server.serve(
         state(tmp_path / name),
         driver="gpu.example.com",
         dra_socket=tmp_path / "plugins" / "gpu.example.com" / "dra.sock",
         registration_socket=tmp_path / "plugins_registry" / "gpu.example.com-reg.sock",
         status=server.RegistrationStatus(),
+        on_taken=lambda found: seen.append("taken"),
+        on_back=back,
     )
 
 
 async def test_sockets_taken_by_another_agent_are_left_to_it_and_come_back_when_it_goes(
     tmp_path: Path,
 ) -> None:
-    first, second = servers(tmp_path, "a"), servers(tmp_path, "b")
+    events: list[str] = []
+    first, second = servers(tmp_path, "a", events), servers(tmp_path, "b")
     async with first:
         assert await first.check() is None
         async with second:  # another agent of the driver starts: it replaces our sockets
@@ -79,12 +87,14 @@ async def test_sockets_taken_by_another_agent_are_left_to_it_and_come_back_when_
             assert "was replaced by another process's socket" in found
             assert await first.check() is None  # said once
             assert await server.answers(second.registration_socket, second.dra_socket)
+            assert (events, first.taken) == (["taken"], True)
         # It stopped and removed its sockets (only its own): ours come back.
         assert not first.registration_socket.exists()
         found = await first.check()
         assert found is not None
         assert found.startswith("re-created")
         assert await server.answers(first.registration_socket, first.dra_socket)
+        assert (events, first.taken) == (["taken", "back"], False)
     assert not first.registration_socket.exists()
 
 
@@ -109,3 +119,4 @@ async def test_stopping_leaves_a_socket_that_another_agent_put_in_our_place(
     async with second:
         await first.stop()  # the old pod finally goes, after the new one started
         assert await server.answers(second.registration_socket, second.dra_socket)
+        assert first.taken, "found as it stopped"

@@ -240,3 +240,35 @@ async def test_a_burst_of_prepares_reads_a_bounded_number_of_claims_at_once(
     assert len(cdi.list_claim_specs(tmp_path / "cdi", DRIVER)) == 200
     on_disk = checkpoint.read_checkpoint(tmp_path / "checkpoint" / "checkpoint.json")
     assert set(on_disk.claims) == {f"u{i}" for i in range(200)}
+
+
+async def test_a_retired_agent_writes_nothing_and_resumes_from_what_the_other_left(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint" / "checkpoint.json"
+    old = state(tmp_path)
+    old.load(checkpoint.Checkpoint({"u1": prepared("u1"), "u3": prepared("u3")}))
+    assert await old.unprepare(ClaimRef("ns", "claim-u1", ClaimUID("u1"))) is None
+
+    # Another agent took over the kubelet's sockets, and with them the shared directories.
+    old.retire("another agent serves the kubelet")
+    for uid in ("u2", "u3"):  # unknown, recorded: not even a stray spec is deleted
+        refused = await old.unprepare(ClaimRef("ns", f"claim-{uid}", ClaimUID(uid)))
+        assert refused is not None
+        assert refused.message == (
+            f"ResourceClaim ns/claim-{uid}: this agent no longer serves the node: "
+            "another agent serves the kubelet"
+        )
+    assert await old.release_stale() == []
+    theirs = checkpoint.Checkpoint({"u4": prepared("u4")})
+    checkpoint.write_checkpoint(path, theirs)  # what the other agent wrote meanwhile
+    await old.aclose()
+    assert checkpoint.read_checkpoint(path) == theirs, "no snapshot of ours over theirs"
+
+    # The other agent went away; ours are the sockets again.
+    repaired = await old.resume(checkpoint.read_checkpoint(path))
+    assert repaired == ["re-wrote CDI spec of claim ns/claim-u4"]
+    assert old.retired is None
+    assert old.prepared == theirs
+    assert await old.unprepare(ClaimRef("ns", "claim-u4", ClaimUID("u4"))) is None
+    assert checkpoint.read_checkpoint(path) == checkpoint.Checkpoint()

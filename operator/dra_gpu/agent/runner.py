@@ -113,7 +113,9 @@ async def _run(
     for line in await state.recover():
         log.info("recovery: %s", line)
     try:
-        await _serve(settings, state, publisher, status_writer, registration, instance, stopping)
+        await _serve(
+            settings, api, state, publisher, status_writer, registration, instance, stopping
+        )
     finally:
         # After the servers stopped: nothing prepares any more. The journal becomes a
         # snapshot, which is all that an older agent (a rollback) would read; if that fails,
@@ -126,6 +128,7 @@ async def _run(
 
 async def _serve(
     settings: AgentSettings,
+    api: kube.Kube,
     state: DeviceState,
     publisher: SlicePublisher,
     status_writer: StatusWriter,
@@ -145,45 +148,66 @@ async def _serve(
             return False, "slices not published yet"
         return await healthz()
 
-    async with (
-        server.serve(
-            state,
-            driver=settings.driver_name,
-            dra_socket=settings.dra_socket,
-            registration_socket=settings.registration_socket,
-            status=registration,
-        ) as sockets,
-        httpserver.serving(
-            settings.bind_address,
-            settings.metrics_port,
-            settings.health_port,
-            registry=metrics.AGENT,
-            healthz=healthz,
-            readyz=readyz,
-        ),
-    ):
-        log.info(
-            "serving %s on node %s as %s: %s",
-            settings.driver_name,
-            settings.node_name,
-            instance,
-            settings.dra_socket,
-        )
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(
-                    publisher.run_forever(registration.accepted), name="slice-publisher"
-                )
-                tasks.create_task(status_writer.run_forever(), name="status-writer")
-                tasks.create_task(
-                    _release_stale_forever(state, STALE_CHECK_RESYNCS * settings.resync_seconds),
-                    name="stale-claims",
-                )
-                tasks.create_task(_watch_registration(registration, publisher), name="registration")
-                tasks.create_task(sockets.keep_forever(), name="plugin-sockets")
-                tasks.create_task(_stop_on(stopping), name="stop")
-        except* _Stop:
-            log.info("stopping; slices stay published")
+    def taken(found: str) -> None:
+        # The checkpoint and CDI directory are the other agent's now (same host paths).
+        state.retire(found)
+        log.warning("no longer writing %s or %s", settings.checkpoint_file, settings.cdi_dir)
+
+    async def back() -> None:
+        # What the other agent prepared and unprepared meanwhile is on disk, not in memory.
+        for line in await state.resume(await load_checkpoint(settings, api)):
+            log.info("recovery: %s", line)
+
+    sockets = server.serve(
+        state,
+        driver=settings.driver_name,
+        dra_socket=settings.dra_socket,
+        registration_socket=settings.registration_socket,
+        status=registration,
+        on_taken=taken,
+        on_back=back,
+    )
+    try:
+        async with (
+            sockets,
+            httpserver.serving(
+                settings.bind_address,
+                settings.metrics_port,
+                settings.health_port,
+                registry=metrics.AGENT,
+                healthz=healthz,
+                readyz=readyz,
+            ),
+        ):
+            log.info(
+                "serving %s on node %s as %s: %s",
+                settings.driver_name,
+                settings.node_name,
+                instance,
+                settings.dra_socket,
+            )
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(
+                        publisher.run_forever(registration.accepted), name="slice-publisher"
+                    )
+                    tasks.create_task(status_writer.run_forever(), name="status-writer")
+                    tasks.create_task(
+                        _release_stale_forever(
+                            state, STALE_CHECK_RESYNCS * settings.resync_seconds
+                        ),
+                        name="stale-claims",
+                    )
+                    tasks.create_task(
+                        _watch_registration(registration, publisher), name="registration"
+                    )
+                    tasks.create_task(sockets.keep_forever(), name="plugin-sockets")
+                    tasks.create_task(_stop_on(stopping), name="stop")
+            except* _Stop:
+                log.info("stopping; slices stay published")
+    finally:
+        if sockets.taken and state.retired is None:  # found only as we stopped
+            taken("another agent's sockets are where ours were")
 
 
 async def _release_stale_forever(state: DeviceState, period: float) -> NoReturn:

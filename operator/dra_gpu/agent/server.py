@@ -15,8 +15,9 @@ The socket paths are fixed, so a second agent of the same driver on the node (an
 running during an upgrade, two releases with one driver name) replaces our socket files with
 its own, and the kubelet registers that one instead. ``PluginServers.keep_forever`` notices:
 while the other agent's sockets answer, we leave them alone (and our slices to it, see
-``contention``); once they are gone, or nobody listens on them any more, ours come back and
-the kubelet registers us again. We only ever remove socket files that are ours.
+``contention``; and the checkpoint and CDI directory, see ``on_taken``); once they are gone,
+or nobody listens on them any more, ours come back (after ``on_back``) and the kubelet
+registers us again. We only ever remove socket files that are ours.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import datetime
 import logging
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -241,10 +242,19 @@ class PluginServers:
         dra_socket: Path,
         registration_socket: Path,
         status: RegistrationStatus,
+        on_taken: Callable[[str], None] = lambda found: None,
+        on_back: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.driver = driver
         self.dra_socket = dra_socket
         self.registration_socket = registration_socket
+        self.on_taken = on_taken
+        """Called (with what was found) once a live process replaced our sockets."""
+        self.on_back = on_back
+        """Awaited before our sockets are created again (the kubelet calls us right after)."""
+        self.taken = False
+        """Another process's socket is, or was since our sockets were last created, where
+        ours were; also when found only as we stop."""
         self._dra_servicers = (
             (v1_grpc.add_DRAPluginServicer_to_server, DraServicerV1(state)),
             (v1beta1_grpc.add_DRAPluginServicer_to_server, DraServicerV1Beta1(state)),
@@ -278,6 +288,8 @@ class PluginServers:
         """Registration socket first; a socket file that is no longer ours stays."""
         while self._bound:
             bound = self._bound.pop()
+            if _socket_id(bound.path) not in (None, bound.socket_id):
+                self.taken = True
             _remove_if_ours(bound)
             await bound.server.stop(grace=2)
 
@@ -299,14 +311,20 @@ class PluginServers:
                 if taken == self._taken_by:
                     return None
                 self._taken_by = taken
-                return (
+                self.taken = True
+                found = (
                     f"{registration.path} was replaced by another process's socket (another "
                     f"agent of driver {self.driver} on this node?): the kubelet calls that one "
                     "now; this agent's sockets come back when it is gone"
                 )
+                self.on_taken(found)
+                return found
         await self.stop()
+        if self.on_back is not None:
+            await self.on_back()
         await self.start()
         self._taken_by = None
+        self.taken = False
         return (
             f"re-created {self.dra_socket} and {self.registration_socket} (removed, or left "
             "by a process that is gone); the kubelet will register this agent again"
@@ -326,6 +344,8 @@ def serve(
     dra_socket: Path,
     registration_socket: Path,
     status: RegistrationStatus,
+    on_taken: Callable[[str], None] = lambda found: None,
+    on_back: Callable[[], Awaitable[None]] | None = None,
 ) -> PluginServers:
     """``async with serve(...)``: DRA socket first, then registration; on exit the
     registration goes first."""
@@ -335,6 +355,8 @@ def serve(
         dra_socket=dra_socket,
         registration_socket=registration_socket,
         status=status,
+        on_taken=on_taken,
+        on_back=on_back,
     )
 
 

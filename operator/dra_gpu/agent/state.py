@@ -19,6 +19,11 @@ entry removed durably). That barrier is an append to the checkpoint's journal an
 group-committed: claims prepared at the same time share one append, and their specs are
 written by the same thread just before it, instead of each queueing for its own.
 
+A second agent of the driver on the node (an old pod during an upgrade, two releases) shares
+the host directories. Only the agent the kubelet calls may write them: one that finds its
+sockets taken over is ``retire``d (no writes at all, not even the snapshot at stop), and
+``resume``s from what the other left on disk if its sockets come back.
+
 This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
 servicers and never talks gRPC itself; ``status.devices`` writes go to a ``StatusWriter`` and do
 not delay the answer to the kubelet.
@@ -106,6 +111,7 @@ class DeviceState:
         self._committing = False
         self._journal: checkpoint.Journal | None = None  # opened by the first commit
         self._writing: asyncio.Future[Any] | None = None  # the commit's thread, while it runs
+        self._retired: str | None = None
         self._reads = asyncio.Semaphore(CLAIM_READS)
 
     @property
@@ -115,18 +121,56 @@ class DeviceState:
     # ---- start ---------------------------------------------------------------------------
 
     def load(self, recorded: checkpoint.Checkpoint) -> None:
-        self.close()
+        """Start from ``recorded`` (read from disk); the next commit writes a new snapshot."""
+        self._drop_journal()
         self._checkpoint = recorded
         self._update_gauges()
 
-    async def aclose(self) -> None:
-        """``close``, once a write still under way (its RPC cancelled at shutdown) is over."""
+    @property
+    def retired(self) -> str | None:
+        """Why this agent no longer writes the node's checkpoint and CDI specs, if it does not."""
+        return self._retired
+
+    def retire(self, reason: str) -> None:
+        """Another agent serves the kubelet now, and owns the checkpoint and the CDI directory
+        that we share with it: write neither any more. Prepares and unprepares fail."""
+        self._retired = reason  # the journal stays open until ``aclose``: a write may be under way
+
+    async def resume(self, recorded: checkpoint.Checkpoint) -> list[str]:
+        """We serve the kubelet again: take over what the other agent recorded (``recorded``,
+        read from disk now) and repair the CDI directory from it."""
+        await self._written()
+        self._retired = None
+        self.load(recorded)
+        return await self.recover()
+
+    def _check_not_retired(self, ref: ClaimRef) -> None:
+        if self._retired is not None:
+            raise ClaimError(
+                f"ResourceClaim {ref}: this agent no longer serves the node: {self._retired}"
+            )
+
+    async def _written(self) -> None:
+        """Until no commit's thread is writing."""
         writing = self._writing
         if writing is not None and not writing.done():
             await asyncio.wait([writing])
         if writing is not None and not writing.cancelled():
             writing.exception()  # reported to its waiters already; here only retrieved
-        await asyncio.to_thread(self.close)
+
+    def _drop_journal(self) -> None:
+        if self._journal is not None:
+            journal, self._journal = self._journal, None
+            journal.close()
+
+    async def aclose(self) -> None:
+        """``close``, once a write still under way (its RPC cancelled at shutdown) is over;
+        nothing is written if we were retired."""
+        await self._written()
+        if self._retired is None:
+            await asyncio.to_thread(self.close)
+        else:
+            self._drop_journal()
 
     def close(self) -> None:
         """Fold the journal into a snapshot (an older agent reads only that) and close it.
@@ -165,6 +209,8 @@ class DeviceState:
         while the agent was down, or the record came with a copied disk. A claim that cannot
         be read now is left for the next round."""
         released: list[str] = []
+        if self._retired is not None:
+            return released
         for uid, record in sorted(self._checkpoint.claims.items()):
             ref = ClaimRef(record.namespace, record.name, claims.ClaimUID(uid))
             try:
@@ -214,6 +260,7 @@ class DeviceState:
 
     async def _prepare(self, ref: ClaimRef) -> checkpoint.PreparedClaim:
         claims.check_request(ref)
+        self._check_not_retired(ref)
         recorded = self._checkpoint.claims.get(ref.uid)
         if recorded is not None:
             if recorded.cdi_spec is not None:
@@ -331,6 +378,7 @@ class DeviceState:
         return error
 
     async def _unprepare(self, ref: ClaimRef) -> None:
+        self._check_not_retired(ref)
         delete_spec = functools.partial(self._delete_spec_blocking, ref.uid)
         if ref.uid not in self._checkpoint.claims:
             # The spec goes even for an unrecorded claim: it may be a leak of a crashed prepare.
@@ -347,6 +395,10 @@ class DeviceState:
         """Apply ``change`` to the checkpoint and return once it is on disk, after ``files``
         (the claim's spec work) succeeded. Whoever finds no write in progress writes every
         change queued meanwhile, in one go, in one thread."""
+        if self._retired is not None:
+            raise RuntimeError(
+                f"this agent no longer writes {self.checkpoint_file}: {self._retired}"
+            )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(change, done, files))
         if not self._committing:
@@ -381,6 +433,8 @@ class DeviceState:
     ) -> tuple[checkpoint.Checkpoint, dict[int, Exception]]:
         """(In a thread.) Each pending change's file work, then the checkpoint with the
         changes whose file work succeeded: the one durable write of the whole batch."""
+        if self._retired is not None:  # retired while this batch waited for the thread
+            raise RuntimeError(f"no longer writing {self.checkpoint_file}: {self._retired}")
         updated = current
         failed: dict[int, Exception] = {}
         changes: list[checkpoint.Change] = []
@@ -394,9 +448,10 @@ class DeviceState:
             changes.append(pending.change)
             updated = pending.change.apply(updated)
         if changes:
-            if self._journal is None:
-                self._journal = checkpoint.Journal(self.checkpoint_file, current)
-            self._journal.append(changes, updated)
+            journal = self._journal
+            if journal is None:
+                journal = self._journal = checkpoint.Journal(self.checkpoint_file, current)
+            journal.append(changes, updated)
             failpoints.reach("checkpoint-written")
         return updated, failed
 
