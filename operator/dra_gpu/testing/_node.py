@@ -306,11 +306,11 @@ class RealNode:
     # ---- set-up ----------------------------------------------------------------------------
 
     def _write_files(self) -> None:
-        for sub in ("run", "var/lib", "var/log", "sysctl", "cni", "pki"):
-            (self.root / sub if sub in ("run", "var/lib", "var/log") else self.state / sub).mkdir(
-                parents=True, exist_ok=True
-            )
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (
+            *(self.root / seen for seen in ("run", "var/lib", "var/log")),
+            *(self.state / own for own in ("sysctl", "cni", "logs")),
+        ):
+            directory.mkdir(parents=True, exist_ok=True)
         for tunable in KERNEL_TUNABLES:
             copy = self.state / "sysctl" / tunable.replace("/", ".")
             if not copy.exists():
