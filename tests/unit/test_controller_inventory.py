@@ -38,8 +38,22 @@ def test_an_incomplete_pool_is_a_problem_and_publishes_nothing() -> None:
     devices, problems = inventory.current_pools([slice_("a", "node-01", 3, 2, ["gpu-0"])])
     assert devices == []
     assert [p.message for p in problems] == [
-        "pool node-01 of gpu.example.com is inconsistent: 1 slice(s) at generation 3, "
-        "resourceSliceCount [2]"
+        "pool node-01 of gpu.example.com is incomplete: 1 of 2 slices at generation 3"
+    ]
+
+
+def test_slices_that_disagree_on_their_count_make_an_incomplete_pool() -> None:
+    devices, problems = inventory.current_pools(
+        [
+            slice_("a", "node-01", 3, 2, ["gpu-0"]),
+            slice_("b", "node-01", 3, 2, ["gpu-1"]),
+            slice_("c", "node-01", 3, 3, ["gpu-2"]),
+        ]
+    )
+    assert devices == []
+    assert [p.message for p in problems] == [
+        "pool node-01 of gpu.example.com is incomplete: its 3 slices at generation 3 disagree "
+        "on resourceSliceCount (2, 3)"
     ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_gpu.controller import explain
+from dra_gpu.controller import explain, inventory
 from dra_gpu.controller.explain import Reason, Verdict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds-examples"
@@ -347,6 +347,19 @@ def test_incomplete_pool_is_a_reason() -> None:
         "request gpu: no devices published: "
         "pool node-01 of gpu.example.com is incomplete: 1 of 2 slices at generation 3"
     )
+
+
+def test_slices_that_disagree_on_their_count_are_an_incomplete_pool_as_for_the_metrics() -> None:
+    first = gpu_slice("node-01", {"gpu-1": "8Gi"}, count=2, name="a")
+    second = gpu_slice("node-01", {"gpu-0": "24Gi"}, count=1, name="b")
+    result = explain_tutorial(slices=[first, second])
+    assert result.reason == Reason.POOL_INCOMPLETE
+    assert result.message.endswith(
+        "pool node-01 of gpu.example.com is incomplete: its 2 slices at generation 1 "
+        "disagree on resourceSliceCount (1, 2)"
+    )
+    devices, _ = inventory.current_pools([first, second])
+    assert devices == []  # one rule: the metrics do not count it either
 
 
 def test_only_the_highest_generation_of_a_pool_counts() -> None:

@@ -389,10 +389,7 @@ class _IncompletePool:
 
     @property
     def note(self) -> str:
-        return (
-            f"pool {self.pool} of {self.driver} is incomplete: {self.present} of "
-            f"{self.expected} slices at generation {self.generation}"
-        )
+        return self.source.why_incomplete
 
 
 class Layout:

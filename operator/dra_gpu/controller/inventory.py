@@ -101,35 +101,40 @@ class Pool:
 
     @property
     def expected(self) -> int:
+        """The largest ``resourceSliceCount`` announced (``complete`` wants them all equal)."""
         return max(self.counts)
 
     @property
     def complete(self) -> bool:
-        """As many slices as they announce: an older generation is being replaced, and a pool
-        with fewer slices than ``resourceSliceCount`` is still being written."""
-        return self.present == self.expected
+        """The one rule of what counts, for the metrics and ``explain`` alike: every slice at
+        the newest generation announces the same ``resourceSliceCount``, and that many are
+        there. Fewer: the pool is still being written (or an older generation replaced); slices
+        that disagree: it is being rewritten, or broken. The scheduler reads such a pool as
+        incomplete too, as far as it can tell (it takes the count of whichever slice it saw
+        first), so neither counts its devices as published nor names them as candidates."""
+        return len(set(self.counts)) == 1 and self.present == self.counts[0]
 
     @property
-    def consistent(self) -> bool:
-        """Complete, and every slice announces the same count: what the metrics count."""
-        return self.complete and len(set(self.counts)) == 1
+    def why_incomplete(self) -> str:
+        """What ``complete`` found missing, in the words both the log and the Events use."""
+        counts = sorted(set(self.counts))
+        if len(counts) == 1:
+            return (
+                f"pool {self.pool} of {self.driver} is incomplete: {self.present} of "
+                f"{counts[0]} slices at generation {self.generation}"
+            )
+        return (
+            f"pool {self.pool} of {self.driver} is incomplete: its {self.present} slices at "
+            f"generation {self.generation} disagree on resourceSliceCount "
+            f"({', '.join(map(str, counts))})"
+        )
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.driver, self.pool)
 
     def problem(self) -> PoolProblem | None:
-        if self.consistent:
-            return None
-        return PoolProblem(
-            self.driver,
-            self.pool,
-            (
-                f"pool {self.pool} of {self.driver} is inconsistent: {self.present} "
-                f"slice(s) at generation {self.generation}, "
-                f"resourceSliceCount {sorted(set(self.counts))}"
-            ),
-        )
+        return None if self.complete else PoolProblem(self.driver, self.pool, self.why_incomplete)
 
 
 def pool_key(slice_body: Body) -> tuple[str, str] | None:
@@ -291,8 +296,7 @@ class PoolProblem:
 
 
 def current_pools(slices: Iterable[Body]) -> tuple[list[PublishedDevice], list[PoolProblem]]:
-    """Devices of consistent pools, and the pools that are not: a pool whose slices disagree
-    on ``resourceSliceCount`` is reported even when the largest count is met."""
+    """Devices of complete pools (``Pool.complete``), and the pools that are not."""
     devices: list[PublishedDevice] = []
     problems: list[PoolProblem] = []
     for pool in read_pools(slices):

@@ -6,7 +6,7 @@ annotations, no finalizers — which matters because Pods, ResourceClaims and De
 to users. Kopf's own event posting is off; our Events are posted by the ``Reporter``.
 
 Every replica keeps the view and computes the metrics; only the holder of the Lease writes:
-explanations of pending claims, reports of inconsistent pools, deletion of our slices whose
+explanations of pending claims, reports of incomplete pools, deletion of our slices whose
 Node is gone, removal of ``status.devices`` entries of ours whose device is no longer allocated.
 
 A pass costs what changed since the last one, not what the cluster holds: the view indexes
@@ -380,12 +380,12 @@ def _selectors(device_class: kube.Body) -> list[str]:
 
 
 def _published(view: ClusterView) -> tuple[int, inventory.PublishedDevice | None]:
-    """How many devices (any driver) consistent pools hold, and the first of them, in the
+    """How many devices (any driver) complete pools hold, and the first of them, in the
     order of ``inventory.current_pools``."""
     count, first = 0, None
     for key in sorted(view.pools):
         pool = view.pools[key]
-        if pool.consistent and pool.devices:
+        if pool.complete and pool.devices:
             count += len(pool.devices)
             first = first or pool.devices[0]
     return count, first
@@ -397,7 +397,7 @@ def _class_problem(
     published: int,
     first: inventory.PublishedDevice | None,
 ) -> tuple[str, str] | None:
-    """``admitted``: devices of consistent pools (any driver) the class admits; ``published``:
+    """``admitted``: devices of complete pools (any driver) the class admits; ``published``:
     all of them, ``first`` the first."""
     name = device_class["metadata"]["name"]
     for index, expression in enumerate(_selectors(device_class)):

@@ -2,11 +2,12 @@
 
 Owns the counts behind the gauges — devices and memory of our driver per node (published,
 allocated, free), devices each DeviceClass admits (published, allocated, free), claims by state,
-pools whose slices disagree — and the two pod timings (creation -> claims allocated, creation ->
+pools that are not complete — and the two pod timings (creation -> claims allocated, creation ->
 Running). Every replica keeps them. Each count is a sum of per-pool contributions: a change to a
 pool's slices, or to the holders of one of its devices, recounts that pool (a few devices), and
 an edited class is recounted over every pool once. What it counts is what
-``inventory.current_pools`` (consistent pools only), ``inventory.per_node`` and the class
+``inventory.current_pools`` (complete pools only: ``inventory.Pool.complete``, the rule
+``explain`` uses too), ``inventory.per_node`` and the class
 selectors say, so a recount from scratch gives the same numbers (tests compare the two).
 
 Must not: read the API or post anything; it sets gauges and reads the view.
@@ -59,7 +60,7 @@ class Tally:
         self.admitted: dict[str, list[int]] = {}
         """Class -> our devices admitted, allocated; devices of any driver admitted."""
         self.problems: dict[PoolKey, inventory.PoolProblem] = {}
-        """Pools (every driver) whose slices disagree."""
+        """Pools (every driver) that are not complete (``inventory.Pool.complete``)."""
         self._pool_nodes: dict[PoolKey, dict[str, NodeRow]] = {}
         self._pool_classes: dict[PoolKey, dict[str, ClassRow]] = {}
         self._timed: dict[str, dict[str, str]] = {"allocated": {}, "running": {}}
@@ -92,7 +93,7 @@ class Tally:
         compiled = self.classes[name] = class_selectors(body)
         totals = [0, 0, 0]
         for key, pool in view.pools.items():
-            if not pool.consistent:
+            if not pool.complete:
                 continue
             row = self._class_row(view, compiled, pool)
             if any(row):
@@ -111,7 +112,7 @@ class Tally:
             self.problems[key] = problem
         node_rows: dict[str, NodeRow] = {}
         class_rows: dict[str, ClassRow] = {}
-        if pool is not None and pool.consistent:
+        if pool is not None and pool.complete:
             node_rows = self._node_rows(view, pool)
             for name, compiled in self.classes.items():
                 row = self._class_row(view, compiled, pool)
