@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the Python gRPC stubs (api_pb2.py, api_pb2.pyi, api_pb2_grpc.py) next to every
-# .proto under operator/dra_gpu/proto. Run it as `make protos` after editing a .proto file and
+# Regenerates the Python gRPC stubs (api_pb2.py, api_pb2.pyi, api_pb2_grpc.py, and
+# api_pb2_grpc.pyi from mypy-protobuf, which types the servicers and stubs for mypy --strict)
+# next to every .proto under operator/dra_gpu/proto. Run it as `make protos` after editing a .proto file and
 # commit the output: the runtime image and CI import the stubs and never need grpcio-tools.
 #
 # The include root is `operator`, so each file is known to protoc by its path inside the package
@@ -17,7 +18,12 @@ PYTHON=${PYTHON:-.venv/bin/python}
 PROTO_ROOT=operator/dra_gpu/proto
 
 if ! "$PYTHON" -c 'import grpc_tools.protoc' 2>/dev/null; then
-  echo "gen-protos: grpcio-tools is missing for $PYTHON; install it with: $PYTHON -m pip install grpcio-tools" >&2
+  echo "gen-protos: grpcio-tools is missing for $PYTHON; install it with: $PYTHON -m pip install -e '.[dev]'" >&2
+  exit 1
+fi
+MYPY_GRPC=$(dirname "$PYTHON")/protoc-gen-mypy_grpc
+if [[ ! -x "$MYPY_GRPC" ]]; then
+  echo "gen-protos: $MYPY_GRPC is missing (mypy-protobuf); install it with: $PYTHON -m pip install -e '.[dev]'" >&2
   exit 1
 fi
 
@@ -28,10 +34,11 @@ if [[ ${#protos[@]} -eq 0 ]]; then
 fi
 
 # Drop the old output first so a removed or renamed .proto leaves no stale module behind.
-find "$PROTO_ROOT" \( -name '*_pb2.py' -o -name '*_pb2.pyi' -o -name '*_pb2_grpc.py' \) -delete
+find "$PROTO_ROOT" \( -name '*_pb2.py' -o -name '*_pb2.pyi' -o -name '*_pb2_grpc.py' -o -name '*_pb2_grpc.pyi' \) -delete
 
 "$PYTHON" -m grpc_tools.protoc -I operator \
   --python_out=operator --pyi_out=operator --grpc_python_out=operator \
+  --plugin=protoc-gen-mypy_grpc="$MYPY_GRPC" --mypy_grpc_out=operator \
   "${protos[@]}"
 
 # Every directory on the way down must be a package for `from dra_gpu.proto.dra.v1 import ...`.
