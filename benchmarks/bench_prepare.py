@@ -36,7 +36,8 @@ from pathlib import Path
 import grpc
 from stats import percentile
 
-from dra_gpu import files, kube
+from dra_gpu import kube
+from dra_gpu.agent import files
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.testing import ControlPlane, DraSettings, KubeletStandIn

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import dra_gpu
-from dra_gpu import config, failpoints
+from dra_gpu import config
+from dra_gpu.agent import failpoints
 from dra_gpu.devices import model
 from dra_gpu.exits import ExitCode, OneLineParser
 

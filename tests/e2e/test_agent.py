@@ -1,8 +1,10 @@
-"""The node agent as a real process, with the real control plane and the kubelet stand-in.
+"""The node agent as a real process, with the real control plane and real nodes.
 
-Every agent runs as ``python -m dra_gpu agent`` (the chart's command) against the session's
-stand-in nodes; its CDI and checkpoint directories sit beside the node's kubelet directory, as
-the chart's host paths do. Each test stops its agents and removes their slices afterwards.
+Every agent runs as ``python -m dra_gpu agent`` (the chart's command) for one of the session's
+real nodes: registered with its kubelet, its CDI specs in the node's ``/var/run/cdi`` where
+containerd reads them, its checkpoint in a directory of its own. Pods really run (busybox), and
+what CDI gave them is read from inside the container. Each test stops its agents and removes
+their slices afterwards.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import stat
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -24,19 +27,14 @@ import pytest_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_gpu import cdi, checkpoint, kube, slices
+from dra_gpu import kube, slices
+from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_gpu.testing import (
-    AgentProcess,
-    ControllerProcess,
-    ControlPlane,
-    KubeletStandIn,
-    eventually,
-)
-from tests.e2e.helpers import EXAMPLES, Kubectl, events_of, started_env
+from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
+from tests.e2e.helpers import EXAMPLES, Kubectl, events_of, gpu_env, workload
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -46,17 +44,21 @@ AgentFactory = Callable[..., Awaitable[AgentProcess]]
 
 @pytest_asyncio.fixture
 async def start_agent(
-    control_plane: ControlPlane, kubelet: KubeletStandIn, api: kube.Kube, namespace: str
+    control_plane: ControlPlane,
+    node_named: dict[str, RealNode],
+    api: kube.Kube,
+    namespace: str,
+    tmp_path: Path,
 ) -> AsyncIterator[AgentFactory]:
     """Starts agents; afterwards deletes the test's pods while the agents still run (a pod
     whose claim was prepared only goes once the driver unprepared it), then stops them."""
     agents: list[AgentProcess] = []
 
-    async def start(node: str, profile: Path = TUTORIAL_PROFILE, **options: object) -> AgentProcess:
-        node_dir = kubelet.kubelet_dir(node)
-        agent = AgentProcess(
-            node, control_plane.kubeconfig, node_dir, node_dir, profile=profile, **options
-        )  # type: ignore[arg-type]
+    async def start(node: str, profile: Path = TUTORIAL_PROFILE, **options: Any) -> AgentProcess:
+        state = tmp_path / f"agent-{node}-{len(agents)}"
+        agent = AgentProcess.on(
+            node_named[node], control_plane.kubeconfig, state, profile=profile, **options
+        )
         agents.append(agent)
         await agent.astart()
         return agent
@@ -112,7 +114,6 @@ async def pod_warning(api: kube.Kube, ns: str, reason: str, text: str) -> kube.B
 async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     api: kube.Kube,
     kubectl: Kubectl,
-    kubelet: KubeletStandIn,
     namespace: str,
     start_agent: AgentFactory,
     tutorial_class: None,
@@ -132,7 +133,7 @@ async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
 
     # The driver instead of a hand-made slice.
     agents = [await start_agent(node) for node in ("node-01", "node-02", "node-03")]
-    assert await kubelet.dra.wait_registered("node-01", DRIVER) == "v1.DRAPlugin"
+    assert f"registered with the kubelet as {DRIVER}" in agents[0].log_file.read_text()
     published = await eventually(lambda: node_slices(api, "node-01"), what="node-01's slice")
     assert [d["name"] for d in published[0]["spec"]["devices"]] == ["gpu-0", "gpu-1"]
     assert await eventually(lambda: node_slices(api, "node-02"), what="node-02's (empty) pool")
@@ -145,8 +146,8 @@ async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     result = claim["status"]["allocation"]["devices"]["results"][0]
     assert (result["pool"], result["device"]) == ("node-01", "gpu-0")
 
-    # What the container gets, through the CDI spec the agent wrote.
-    env = kubelet.dra.container_env(ns, pod["metadata"]["name"], "recomendador")
+    # What the container got from containerd, through the CDI spec the agent wrote.
+    env = await gpu_env(kubectl, ns, pod["metadata"]["name"], "recomendador")
     assert env["GPU_DEVICE_0"] == "gpu-0"
     spec_file = agents[0].cdi_dir / cdi.spec_file_name(DRIVER, uid)
     spec = json.loads(spec_file.read_text())
@@ -172,6 +173,14 @@ async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     assert not spec_file.exists()
     assert uid not in checkpoint.read_checkpoint(agents[0].checkpoint_file).claims
     assert 'dra_gpu_prepare_claims_total{result="success"} 1.0' in agents[0].metrics()
+
+
+async def running_container(api: kube.Kube, ns: str, pod: str) -> str | None:
+    """The ID of the pod's (only) container while it runs."""
+    status = (await api.get(f"/api/v1/namespaces/{ns}/pods/{pod}"))["status"]
+    containers = status.get("containerStatuses") or [{}]
+    running = "running" in containers[0].get("state", {})
+    return str(containers[0]["containerID"]) if running else None
 
 
 async def nothing_left(api: kube.Kube, ns: str) -> bool:
@@ -219,13 +228,7 @@ async def claim_and_pod(
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": node},
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.example/cuda:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
+                "containers": [workload("main", claims=["gpu"])],
             },
         },
     )
@@ -250,22 +253,22 @@ async def delete_worker_and_check_nothing_is_left(
     assert list(agent.cdi_dir.glob("*.json")) == []
 
 
-def dra_socket(kubelet: KubeletStandIn, node: str) -> str:
-    return f"unix://{kubelet.kubelet_dir(node)}/plugins/{DRIVER}/dra.sock"
+def dra_socket(node: RealNode) -> str:
+    return f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
 
 
 async def test_prepare_repeats_the_same_answer_over_v1_and_v1beta1(
     api: kube.Kube,
-    kubelet: KubeletStandIn,
+    node_named: dict[str, RealNode],
     namespace: str,
     start_agent: AgentFactory,
     any_gpu_class: str,
 ) -> None:
     await start_agent("node-01")
     uid = await running_worker(api, namespace, any_gpu_class)
-    recorded = kubelet.dra.prepared_claims("node-01")[uid].devices
+    recorded = node_named["node-01"].prepared_claims()[uid].devices
     request = [v1.Claim(namespace=namespace, name="gpu", uid=uid)]
-    async with grpc.aio.insecure_channel(dra_socket(kubelet, "node-01")) as channel:
+    async with grpc.aio.insecure_channel(dra_socket(node_named["node-01"])) as channel:
         first = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
             v1.NodePrepareResourcesRequest(claims=request)
         )
@@ -281,41 +284,46 @@ async def test_prepare_repeats_the_same_answer_over_v1_and_v1beta1(
     assert first.SerializeToString() == beta.SerializeToString()
     (device,) = first.claims[uid].devices
     assert (device.pool_name, list(device.request_names)) == ("node-01", ["gpu"])
-    assert list(device.cdi_device_ids) == list(recorded[0].cdi_device_ids)
+    assert list(device.cdi_device_ids) == list(recorded[0].cdi_ids)
     assert list(device.cdi_device_ids) == [cdi.cdi_device_id(DRIVER, uid, device.device_name)]
 
 
 @pytest.mark.parametrize("agent_restarts", [False, True], ids=["agent-kept", "agent-restarted"])
 async def test_a_reboot_restores_the_specs_and_prepares_nothing_twice(
     api: kube.Kube,
-    kubelet: KubeletStandIn,
+    kubectl: Kubectl,
+    node_named: dict[str, RealNode],
     namespace: str,
     start_agent: AgentFactory,
     any_gpu_class: str,
     agent_restarts: bool,
 ) -> None:
+    node = node_named["node-01"]
     agent = await start_agent("node-01")
     uid = await running_worker(api, namespace, any_gpu_class)
     spec_file = agent.cdi_dir / cdi.spec_file_name(DRIVER, uid)
     spec_before = spec_file.read_bytes()
-    env_before = kubelet.dra.container_env(namespace, "worker", "main")
+    env_before = await gpu_env(kubectl, namespace, "worker", "main")
     recorded = checkpoint.read_checkpoint(agent.checkpoint_file).claims[uid]
+    first_run = await running_container(api, namespace, "worker")
 
     if agent_restarts:
         agent.kill()  # the agent goes down with the node ...
-    await kubelet.dra.reboot("node-01")  # ... which comes back with an empty CDI directory
-    assert not spec_file.exists()
+    await asyncio.to_thread(node.reboot)  # ... which comes back with an empty /run (CDI specs)
     if agent_restarts:
         await agent.astart()
 
-    restarted = await eventually(
-        lambda: started_env(kubelet, namespace, "worker", "main"), what="the pod started again"
-    )
-    assert restarted == env_before
+    async def started_again() -> str | None:
+        container = await running_container(api, namespace, "worker")
+        return container if container not in (None, first_run) else None
+
+    # The kubelet starts the pod's containers again, preparing its claim again first.
+    await eventually(started_again, timeout=120, what="the pod's container started again")
+    assert await gpu_env(kubectl, namespace, "worker", "main") == env_before
     assert spec_file.read_bytes() == spec_before, "the same spec, written again"
     assert checkpoint.read_checkpoint(agent.checkpoint_file).claims == {uid: recorded}
     # Prepared once: the kubelet's second call got the recorded answer, one claim on record.
-    assert [d.device for d in kubelet.dra.prepared_claims("node-01")[uid].devices] == ["gpu-0"]
+    assert [d.device for d in node.prepared_claims()[uid].devices] == ["gpu-0"]
     assert "dra_gpu_prepared_claims 1.0" in agent.metrics()
     assert await node_slices(api, "node-01"), "slices published again after the wipe"
 
@@ -392,7 +400,7 @@ async def test_malformed_opaque_config_reaches_the_pods_events_naming_the_field(
 
 
 async def test_200_devices_become_one_consistent_pool_of_two_slices(
-    api: kube.Kube, kubelet: KubeletStandIn, start_agent: AgentFactory, tmp_path: Path
+    api: kube.Kube, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
     profile = tmp_path / "big.yaml"
     profile.write_text("nodes:\n  node-03:\n    devices:\n    - count: 200\n      memory: 16Gi\n")
@@ -495,10 +503,10 @@ async def test_a_corrupt_checkpoint_is_kept_aside_reported_and_rebuilt_from_the_
 
 
 async def test_bad_grpc_requests_get_per_claim_errors_and_the_agent_keeps_serving(
-    kubelet: KubeletStandIn, start_agent: AgentFactory, namespace: str
+    node_named: dict[str, RealNode], start_agent: AgentFactory, namespace: str
 ) -> None:
     agent = await start_agent("node-01")
-    socket = dra_socket(kubelet, "node-01")
+    socket = dra_socket(node_named["node-01"])
     many = [v1.Claim(namespace=namespace, name=f"c{i}", uid=f"uid-{i}") for i in range(1000)]
     async with grpc.aio.insecure_channel(socket) as channel:
         stub = v1_grpc.DRAPluginStub(channel)
@@ -536,10 +544,10 @@ def names_the_claim(error: str, claims: list[v1.Claim]) -> bool:
 
 
 async def test_fuzzed_grpc_requests_get_answers_naming_the_claim_and_never_break_the_agent(
-    kubelet: KubeletStandIn, start_agent: AgentFactory, namespace: str
+    node_named: dict[str, RealNode], start_agent: AgentFactory, namespace: str
 ) -> None:
     agent = await start_agent("node-01")
-    socket = dra_socket(kubelet, "node-01")
+    socket = dra_socket(node_named["node-01"])
     text = st.text(max_size=80)
     label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
     claim = st.builds(
@@ -588,14 +596,15 @@ async def test_fuzzed_grpc_requests_get_answers_naming_the_claim_and_never_break
 
 async def test_nothing_the_agent_creates_is_open_to_others_even_under_umask_0(
     api: kube.Kube,
-    kubelet: KubeletStandIn,
+    node_named: dict[str, RealNode],
     namespace: str,
     any_gpu_class: str,
     start_agent: AgentFactory,
 ) -> None:
-    node_dir = kubelet.kubelet_dir("node-01")
-    for left_by_earlier_tests in ("cdi", "checkpoint", f"plugins/{DRIVER}"):
-        shutil.rmtree(node_dir / left_by_earlier_tests, ignore_errors=True)
+    node = node_named["node-01"]
+    node_dir = node.kubelet_dir
+    for left_by_earlier_tests in (node.cdi_dir, node_dir / "plugins" / DRIVER):
+        shutil.rmtree(left_by_earlier_tests, ignore_errors=True)
     previous = os.umask(0)  # a careless container runtime; the agent inherits it
     try:
         agent = await start_agent("node-01")
@@ -650,7 +659,10 @@ def read_page(url: str) -> str:
     "signum", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name
 )
 async def test_sighup_and_sigint_stop_the_agent_as_cleanly_as_sigterm(
-    api: kube.Kube, kubelet: KubeletStandIn, start_agent: AgentFactory, signum: signal.Signals
+    api: kube.Kube,
+    node_named: dict[str, RealNode],
+    start_agent: AgentFactory,
+    signum: signal.Signals,
 ) -> None:
     agent = await start_agent("node-02")
     assert agent.pid is not None
@@ -660,8 +672,8 @@ async def test_sighup_and_sigint_stop_the_agent_as_cleanly_as_sigterm(
     assert agent.stop() == 0, agent.log_file.read_text()[-2000:]
     # Its sockets went with it (the kubelet would keep a dead plugin registered), its slices
     # stayed (a restarting agent must not empty the node).
-    registry = kubelet.kubelet_dir("node-02") / "plugins_registry"
-    assert list(registry.glob(f"{DRIVER}*")) == []
-    assert not (kubelet.kubelet_dir("node-02") / "plugins" / DRIVER / "dra.sock").exists()
+    node_dir = node_named["node-02"].kubelet_dir
+    assert list((node_dir / "plugins_registry").glob(f"{DRIVER}*")) == []
+    assert not (node_dir / "plugins" / DRIVER / "dra.sock").exists()
     assert await node_slices(api, "node-02") != []
     assert "stopping; slices stay published" in agent.log_file.read_text()

@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from dra_gpu import cdi, checkpoint, failpoints, kube
+from dra_gpu import kube
+from dra_gpu.agent import cdi, checkpoint, failpoints
 from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
 from tests.e2e.helpers import RESOURCE, exists, gpu_nodes
 

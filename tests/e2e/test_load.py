@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from dra_gpu import cdi, checkpoint, kube
+from dra_gpu import kube
+from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,

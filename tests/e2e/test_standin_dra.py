@@ -19,7 +19,8 @@ from typing import Any
 import grpc
 import pytest_asyncio
 
-from dra_gpu import cdi, kube
+from dra_gpu import kube
+from dra_gpu.agent import cdi
 from dra_gpu.proto.dra.v1 import api_pb2 as dra_v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1

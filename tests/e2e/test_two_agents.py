@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 import pytest_asyncio
 
-from dra_gpu import cdi, checkpoint, kube, slices
+from dra_gpu import kube, slices
+from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually

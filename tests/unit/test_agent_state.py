@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from dra_gpu import cdi, checkpoint
+from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.state import CLAIM_READS, DeviceState, PrepareFailed, StatusSink
 from dra_gpu.devices import model

@@ -11,7 +11,7 @@ from typing import cast
 
 import pytest
 
-from dra_gpu import cdi, files
+from dra_gpu.agent import cdi, files
 
 DRIVER = "gpu.example.com"
 UID = "6f1d3e0a-93c4-4c1e-a2b5-0d8c2f5e7a11"

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import cdi, checkpoint, files
-from dra_gpu.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
+from dra_gpu.agent import cdi, checkpoint, files
+from dra_gpu.agent.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
 
 DRIVER = "gpu.example.com"
 UID = "6f1d3e0a-93c4-4c1e-a2b5-0d8c2f5e7a11"

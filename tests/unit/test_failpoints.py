@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dra_gpu import failpoints
+from dra_gpu.agent import failpoints
 
 
 def test_points_and_probabilities_are_parsed() -> None:
@@ -35,7 +35,7 @@ def test_a_wrong_setting_is_refused_naming_the_part(text: str, error: str) -> No
 
 def run_point(setting: str) -> subprocess.CompletedProcess[str]:
     code = (
-        "from dra_gpu import failpoints\n"
+        "from dra_gpu.agent import failpoints\n"
         f"failpoints.configure({{'DRA_GPU_FAILPOINTS': {setting!r}}})\n"
         "failpoints.reach('before-answer')\n"
         "print('survived')\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_gpu import cdi
+from dra_gpu.agent import cdi
 from dra_gpu.proto.dra.v1 import api_pb2 as dra_v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from dra_gpu.testing import _dra

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict, cast
 
-from dra_gpu import files
+from dra_gpu.agent import files
 
 CDI_CLASS: Final = "gpu"
 

@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict, cast
 
-from dra_gpu import cdi, files
+from dra_gpu.agent import cdi, files
 
 CHECKPOINT_VERSION: Final = "v1"
 """The version this agent writes."""

@@ -28,8 +28,8 @@ from dra_gpu.agent import lean  # noqa: F401  (first: before anything loads kube
 
 # isort: split
 
-from dra_gpu import cdi, checkpoint, events, httpserver, kube, metrics
-from dra_gpu.agent import claims, server
+from dra_gpu import events, httpserver, kube, metrics
+from dra_gpu.agent import cdi, checkpoint, claims, server
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
 from dra_gpu.agent.status import StatusWriter

@@ -35,7 +35,7 @@ from typing import NoReturn
 
 import grpc
 
-from dra_gpu import checkpoint
+from dra_gpu.agent import checkpoint
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.state import DeviceState, PrepareFailed
 from dra_gpu.proto.dra.v1 import api_pb2 as v1

@@ -41,8 +41,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_gpu import cdi, checkpoint, failpoints, kube, metrics, opaque
-from dra_gpu.agent import claims
+from dra_gpu import kube, metrics, opaque
+from dra_gpu.agent import cdi, checkpoint, claims, failpoints
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.devices import model
 
