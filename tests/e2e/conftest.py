@@ -1,12 +1,24 @@
-"""Fixtures for tests against the real control plane (``dra_gpu.testing``).
+"""Fixtures for tests against the real control plane and real nodes (``dra_gpu.testing``).
 
-One control plane and one kubelet stand-in (nodes node-01..03) per session; one namespace per
-test. A failed test prints the pods, claims, slices and events it saw, so a red CI run says why.
+One control plane and three real nodes (node-01..03: the upstream kubelet on containerd, each
+in namespaces of its own, ``RealNode``) per session; one namespace per test. Tests that need
+nodes of their own (a pool of GPUs, a node to reboot) start more with ``helpers.gpu_nodes``.
+A failed test prints the pods, claims, slices and events it saw, so a red CI run says why.
+
+The node binaries and images come from the repository's build scripts (cached under
+``~/.cache/dra-gpu``; quick when nothing changed): ``hack/build-containerd.sh`` and
+``hack/build-images.sh``, or the directories named by ``DRA_GPU_CONTAINERD_DIR`` and
+``DRA_GPU_IMAGES_DIR``.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -15,12 +27,13 @@ from dra_gpu import kube
 from dra_gpu.testing import (
     ControllerProcess,
     ControlPlane,
-    DraSettings,
-    KubeletStandIn,
+    NodeRuntime,
+    RealNode,
     eventually,
+    start_nodes,
 )
 from tests.e2e import helpers
-from tests.e2e.helpers import Kubectl
+from tests.e2e.helpers import REPO, Kubectl
 
 NODES = ("node-01", "node-02", "node-03")
 
@@ -32,11 +45,66 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def _built(script: str, variable: str) -> Path:
+    if explicit := os.environ.get(variable):
+        return Path(explicit)
+    result = subprocess.run(
+        [str(REPO / "hack" / script)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"hack/{script} failed:\n{result.stderr[-3000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     # Logs stay under pytest's temp dir (the last runs are kept) for post-mortems.
     with ControlPlane(workdir=tmp_path_factory.mktemp("control-plane")) as cp:
         yield cp
+
+
+@pytest.fixture(scope="session")
+def node_runtime(control_plane: ControlPlane) -> NodeRuntime:
+    containerd = _built("build-containerd.sh", "DRA_GPU_CONTAINERD_DIR")
+    images = _built("build-images.sh", "DRA_GPU_IMAGES_DIR")
+    return NodeRuntime.from_builds(control_plane.bin_dir, containerd, images)
+
+
+@pytest.fixture(scope="session")
+def short_root() -> Iterator[Path]:
+    """Where nodes keep their state: a short path, since the agent's sockets in a node's
+    kubelet directory must fit a unix socket's 107 bytes (pytest's temp paths are longer).
+    Removed at the end of the session."""
+    root = Path(tempfile.mkdtemp(prefix="dra-gpu-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def short_path(short_root: Path) -> Path:
+    """A fresh directory of one test under ``short_root``."""
+    return Path(tempfile.mkdtemp(prefix="t", dir=short_root))
+
+
+@pytest.fixture(scope="session")
+def nodes(
+    control_plane: ControlPlane, node_runtime: NodeRuntime, short_root: Path
+) -> Iterator[list[RealNode]]:
+    started = [
+        RealNode(control_plane, name, index, short_root / name, node_runtime)
+        for index, name in enumerate(NODES, start=1)
+    ]
+    start_nodes(started)
+    try:
+        yield started
+    finally:
+        for node in reversed(started):
+            node.stop()
+
+
+@pytest.fixture(scope="session")
+def node_named(nodes: list[RealNode]) -> dict[str, RealNode]:
+    return {node.name: node for node in nodes}
 
 
 @pytest_asyncio.fixture(scope="session")
@@ -45,24 +113,19 @@ async def api(control_plane: ControlPlane) -> AsyncIterator[kube.Kube]:
         yield client
 
 
-@pytest_asyncio.fixture(scope="session")
-async def kubelet(
-    api: kube.Kube, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[KubeletStandIn]:
-    # The kubelet's DRA behaviour, with shorter retries than the real one so tests stay quick.
-    dra = DraSettings(retry_seconds=1.0, wipe_delay_seconds=30.0)
-    async with KubeletStandIn(api, NODES, tmp_path_factory.mktemp("kubelet"), dra=dra) as standin:
-        yield standin
-
-
 @pytest.fixture(scope="session")
 def kubectl(control_plane: ControlPlane) -> Kubectl:
     return Kubectl(control_plane.binary("kubectl"), control_plane.kubeconfig)
 
 
+@pytest_asyncio.fixture(scope="session")
+async def helm(control_plane: ControlPlane) -> helpers.Helm:
+    return helpers.Helm(control_plane)
+
+
 @pytest_asyncio.fixture
 async def namespace(
-    request: pytest.FixtureRequest, api: kube.Kube, kubectl: Kubectl
+    request: pytest.FixtureRequest, api: kube.Kube, kubectl: Kubectl, nodes: list[RealNode]
 ) -> AsyncIterator[str]:
     async with helpers.isolated_namespace(request, api, kubectl) as name:
         yield name
@@ -70,7 +133,7 @@ async def namespace(
 
 @pytest_asyncio.fixture(scope="session")
 async def controller(
-    control_plane: ControlPlane, kubelet: KubeletStandIn, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane, nodes: list[RealNode], tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ControllerProcess]:
     """One controller replica for the whole session (as the chart's Deployment runs it)."""
     process = ControllerProcess(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -13,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from dra_gpu import kube, slices
-from dra_gpu.testing import AgentProcess, ControlPlane, DraSettings, KubeletStandIn, eventually
+from dra_gpu.testing import (
+    AgentProcess,
+    ControlPlane,
+    NodeRuntime,
+    RealNode,
+    eventually,
+    start_nodes,
+)
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 
@@ -60,14 +68,47 @@ async def events_of(api: kube.Kube, namespace: str, kind: str = "Pod") -> list[k
     return items
 
 
-def started_env(
-    kubelet: KubeletStandIn, namespace: str, pod: str, container: str
+WORKLOAD_IMAGE = "dra-gpu.local/workload:1"
+"""Static busybox (``hack/build-images.sh``), imported into every node's containerd."""
+_node_indexes = itertools.count(10)
+"""Addresses of nodes a test starts (``192.0.2.N``): after the session's node-01..03."""
+
+
+def workload(name: str = "c", *, claims: Sequence[str] = ()) -> kube.Body:
+    """A container that prints its environment, then waits (and ends at once on SIGTERM)."""
+    container: kube.Body = {
+        "name": name,
+        "image": WORKLOAD_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", "env; trap 'exit 0' TERM; sleep 3600 & wait"],
+    }
+    if claims:
+        container["resources"] = {"claims": [{"name": claim} for claim in claims]}
+    return container
+
+
+async def container_env(
+    kubectl: Kubectl, namespace: str, pod: str, container: str = "c"
 ) -> dict[str, str] | None:
-    """The env the container got from CDI, or None while the stand-in has not started it."""
+    """The environment the container runs with (CDI edits included), or None while it is
+    not running."""
     try:
-        return kubelet.dra.container_env(namespace, pod, container)
-    except KeyError:
+        out = await kubectl("exec", "-n", namespace, pod, "-c", container, "--", "env")
+    except AssertionError:
         return None
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+async def gpu_env(
+    kubectl: Kubectl, namespace: str, pod: str, container: str = "c"
+) -> dict[str, str]:
+    """The ``GPU_*`` variables CDI gave the running container (waits until it runs)."""
+
+    async def env() -> dict[str, str] | None:
+        return await container_env(kubectl, namespace, pod, container)
+
+    found = await eventually(env, what=f"container {container} of {namespace}/{pod} running")
+    return {key: value for key, value in found.items() if key.startswith("GPU_")}
 
 
 def dump(obj: object) -> str:
@@ -78,14 +119,15 @@ def dump(obj: object) -> str:
 async def gpu_nodes(
     api: kube.Kube,
     control_plane: ControlPlane,
+    runtime: NodeRuntime,
     root: Path,
     names: Sequence[str],
     *,
     gpus: int,
     device_class: str,
     agent_env: dict[str, str] | None = None,
-) -> AsyncIterator[tuple[KubeletStandIn, list[AgentProcess]]]:
-    """Stand-in nodes of their own (labelled ``dra-gpu.io/pool=<device_class>``), each with an
+) -> AsyncIterator[tuple[list[RealNode], list[AgentProcess]]]:
+    """Real nodes of their own (labelled ``dra-gpu.io/pool=<device_class>``), each with an
     agent and ``gpus`` simulated GPUs, and a DeviceClass for them; all removed afterwards."""
     profile = root / "profile.yaml"
     profile.write_text(
@@ -97,31 +139,33 @@ async def gpu_nodes(
         f"{RESOURCE}/deviceclasses",
         {"metadata": {"name": device_class}, "spec": {"selectors": selectors}},
     )
+    nodes = [RealNode(control_plane, n, next(_node_indexes), root / n, runtime) for n in names]
     try:
-        async with KubeletStandIn(api, names, root / "k", dra=DraSettings(retry_seconds=1)) as kl:
-            for name in names:
-                await api.patch(
-                    f"/api/v1/nodes/{name}",
-                    {"metadata": {"labels": {"dra-gpu.io/pool": device_class}}},
-                )
-            agents = [
-                AgentProcess(
-                    n,
-                    control_plane.kubeconfig,
-                    kl.kubelet_dir(n),
-                    kl.kubelet_dir(n),
-                    profile=profile,
-                    env=dict(agent_env or {}),
-                )
-                for n in names
-            ]
-            try:
-                await asyncio.gather(*(a.astart(120) for a in agents))
-                yield kl, agents
-            finally:
-                for agent in agents:
-                    agent.stop()
+        await asyncio.to_thread(start_nodes, nodes)
+        for name in names:
+            await api.patch(
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"labels": {"dra-gpu.io/pool": device_class}}},
+            )
+        agents = [
+            AgentProcess.on(
+                node,
+                control_plane.kubeconfig,
+                root / f"agent-{node.name}",
+                profile=profile,
+                env=dict(agent_env or {}),
+            )
+            for node in nodes
+        ]
+        try:
+            await asyncio.gather(*(a.astart(120) for a in agents))
+            yield nodes, agents
+        finally:
+            for agent in agents:
+                agent.stop()
     finally:
+        for node in nodes:
+            await asyncio.to_thread(node.stop)
         for name in names:  # the other tests count three nodes
             with contextlib.suppress(kube.ApiError):
                 await api.delete(f"/api/v1/nodes/{name}")

@@ -18,7 +18,8 @@ from dra_gpu.testing._cluster import (
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
 from dra_gpu.testing._dra import DraSettings, DraStandIn, PreparedClaim, PreparedDevice
 from dra_gpu.testing._kubelet import KubeletStandIn, NodeSpec
-from dra_gpu.testing._node import NodeRuntime, RealNode
+from dra_gpu.testing._kubelet_checkpoint import KubeletClaim, KubeletDevice
+from dra_gpu.testing._node import NodeRuntime, RealNode, start_nodes
 from dra_gpu.testing._waiting import eventually
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "ControllerProcess",
     "DraSettings",
     "DraStandIn",
+    "KubeletClaim",
+    "KubeletDevice",
     "KubeletStandIn",
     "NodeRuntime",
     "NodeSpec",
@@ -43,4 +46,5 @@ __all__ = [
     "controller_up",
     "default_bin_dir",
     "eventually",
+    "start_nodes",
 ]

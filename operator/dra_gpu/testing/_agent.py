@@ -1,8 +1,9 @@
 """dra-gpu's processes as real processes, for tests and ``make run``.
 
 Runs ``dra-gpu agent`` and ``dra-gpu controller`` exactly as the chart does (same flags), the
-agent with the node's kubelet directory from the stand-in and CDI/checkpoint directories of its
-own, so tests can kill them with SIGKILL, restart them, and look at the files they left.
+agent registered with a real node's kubelet (``AgentProcess.on``) and writing its CDI specs
+where that node's containerd reads them, so tests can kill them with SIGKILL, restart them, and
+look at the files they left.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from dra_gpu import DEFAULT_DRIVER_NAME
 from dra_gpu.testing._control_plane import _tail, dying_with_parent, free_port
+from dra_gpu.testing._node import RealNode
 
 PORT_ATTEMPTS = 3
 
@@ -193,14 +196,23 @@ class AgentProcess(DraGpuProcess):
     backend: str = "simulated"
     driver: str = DEFAULT_DRIVER_NAME
     resync_seconds: float = 30.0
+    cdi: Path | None = None
+    """Where the CDI specs go (the node's ``/var/run/cdi``, where containerd reads them);
+    ``state_dir / "cdi"`` when not given."""
     name = "agent"
+
+    @classmethod
+    def on(cls, node: RealNode, kubeconfig: Path, state_dir: Path, **options: Any) -> AgentProcess:
+        """The agent of a real node, as its DaemonSet pod would run there: registered with the
+        node's kubelet, its CDI specs where the node's containerd reads them."""
+        return cls(node.name, kubeconfig, node.kubelet_dir, state_dir, cdi=node.cdi_dir, **options)
 
     def __str__(self) -> str:
         return f"agent of {self.node}"
 
     @property
     def cdi_dir(self) -> Path:
-        return self.state_dir / "cdi"
+        return self.cdi if self.cdi is not None else self.state_dir / "cdi"
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -24,13 +24,16 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from dra_gpu.testing import _kubelet_checkpoint
 from dra_gpu.testing._control_plane import (
     FIRST_SERVICE_IP,
     ControlPlane,
@@ -42,6 +45,7 @@ from dra_gpu.testing._control_plane import (
     spawn_logged,
     write_kubeconfig,
 )
+from dra_gpu.testing._kubelet_checkpoint import KubeletClaim
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -236,7 +240,8 @@ class RealNode:
     ) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start the node; with ``wait``, return once it is Ready (else call ``wait_ready``)."""
         self.runtime.check()
         try:
             if not self.kubelet_port:
@@ -248,7 +253,8 @@ class RealNode:
             self._write_spec(gateway)
             self._start_forwarder()
             self._spawn()
-            self.wait_ready()
+            if wait:
+                self.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -271,6 +277,19 @@ class RealNode:
             _terminate(self._forwarder)
             self._forwarder = None
         self._remove_cgroups()
+
+    def reboot(self) -> None:
+        """Power-cycle: every process and container of the node ends, its ``/run`` (a tmpfs
+        on real machines: the CDI specs, containerd's state) starts empty, ``/var/lib`` (the
+        kubelet's pods and DRA checkpoint, containerd's images) stays."""
+        self.stop()
+        shutil.rmtree(self.root / "run")
+        shutil.rmtree(self.state / "containerd" / "state", ignore_errors=True)
+        self.start()
+
+    def prepared_claims(self) -> dict[str, KubeletClaim]:
+        """What the kubelet recorded as prepared (its DRA checkpoint), by claim UID."""
+        return _kubelet_checkpoint.read(self.kubelet_dir)
 
     def restart_kubelet(self) -> None:
         """Stop and start the kubelet (containers keep running), as ``systemctl restart``."""
@@ -521,6 +540,19 @@ class RealNode:
                 _remove_tree(top)
             with contextlib.suppress(OSError):
                 top.parent.rmdir()  # the parent, once its last node is gone
+
+
+def start_nodes(nodes: Sequence[RealNode]) -> None:
+    """Start ``nodes`` together (they come up side by side); all stopped if one fails."""
+    try:
+        for node in nodes:
+            node.start(wait=False)
+        for node in nodes:
+            node.wait_ready()
+    except BaseException:
+        for node in reversed(nodes):
+            node.stop()
+        raise
 
 
 def _only_child(pid: int) -> int | None:
