@@ -345,7 +345,7 @@ class Cluster:
 
     def reconcile(self) -> None:
         changes = self.view.take_changes()
-        self.tally.update(self.view, changes, NOW)
+        self.tally.update(self.view, changes)
         self.explainer.note(changes)
         self.explainer.refresh()
 

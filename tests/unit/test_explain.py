@@ -125,7 +125,7 @@ def explain_tutorial(
     claims: list[Body] | None = None,
     nodes: dict[str, Body] | None = None,
     pod: Body | None = None,
-    prepare_error: str | None = None,
+    prepare_failure: explain.PrepareFailure | None = None,
 ) -> explain.Explanation:
     """The tutorial's cluster once the class and the slice exist, unless told otherwise."""
     return explain.explain_claim(
@@ -135,7 +135,7 @@ def explain_tutorial(
         slices=slices if slices is not None else [tutorial_slice()],
         claims=claims or [],
         nodes=nodes if nodes is not None else {"node-01": ready_node()},
-        prepare_error=prepare_error,
+        prepare_failure=prepare_failure,
     )
 
 
@@ -294,14 +294,72 @@ def test_allocated_claim_has_nothing_to_explain() -> None:
     assert all(p.satisfied for p in result.pieces)
 
 
+NOT_REGISTERED_EVENT: Body = {
+    "reason": "FailedPrepareDynamicResources",
+    "type": "Warning",
+    "message": "Failed to prepare dynamic resources: prepare dynamic resources: "
+    "DRA driver gpu.example.com is not registered",
+    "source": {"component": "kubelet", "host": "node-01"},
+    "involvedObject": {"kind": "Pod", "uid": "pod-uid"},
+    "firstTimestamp": "2026-01-01T10:00:00Z",
+    "lastTimestamp": "2026-01-01T10:05:00Z",
+    "count": 31,
+}
+NOT_REGISTERED = explain.PrepareFailure(
+    "DRA driver gpu.example.com is not registered", "node-01", "2026-01-01T10:00:00Z", "pod-uid"
+)
+
+
+def test_the_kubelets_event_is_read_as_a_prepare_failure() -> None:
+    assert explain.prepare_failure(NOT_REGISTERED_EVENT) == NOT_REGISTERED
+    assert NOT_REGISTERED.driver == "gpu.example.com"
+    assert explain.prepare_failure({**NOT_REGISTERED_EVENT, "reason": "Scheduled"}) is None
+    # events.k8s.io's shape, as a core/v1 watch shows it
+    newer = {
+        "reason": "FailedPrepareDynamicResources",
+        "message": "NodePrepareResources failed for claim ns/c-1: gpu-0 fell off the bus",
+        "reportingInstance": "node-02",
+        "eventTime": "2026-01-01T10:00:00.000000Z",
+        "involvedObject": {"uid": "u"},
+    }
+    failure = explain.prepare_failure(newer)
+    assert failure == explain.PrepareFailure(
+        "NodePrepareResources failed for claim ns/c-1: gpu-0 fell off the bus",
+        "node-02",
+        "2026-01-01T10:00:00.000000Z",
+        "u",
+    )
+    assert (failure.claim, failure.driver) == ("ns/c-1", None)
+
+
+def test_a_failure_concerns_the_claims_of_the_driver_it_names() -> None:
+    claim = allocated_claim("c-1", "gpu-0")
+    claim["metadata"]["namespace"] = "ns"
+    other_driver = explain.PrepareFailure("DRA driver nic.example.com is not registered")
+    other_claim = explain.PrepareFailure("NodePrepareResources failed for claim ns/c-2: x")
+    this_claim = explain.PrepareFailure("NodePrepareResources failed for claim ns/c-1: x")
+    assert NOT_REGISTERED.concerns(claim, DRIVER)
+    assert this_claim.concerns(claim, DRIVER)
+    assert not other_driver.concerns(claim, DRIVER)
+    assert not other_claim.concerns(claim, DRIVER)
+    assert not NOT_REGISTERED.concerns(template_claim(), DRIVER)  # not allocated
+
+
 def test_kubelet_prepare_error_is_the_driver_piece() -> None:
     claim = template_claim()
     claim["status"] = allocated_claim("x", "gpu-0")["status"]
-    error = "DRA driver gpu.example.com is not registered"
-    result = explain_tutorial(claim, pod=pending_pod(nodeName="node-01"), prepare_error=error)
+    result = explain_tutorial(
+        claim, pod=pending_pod(nodeName="node-01"), prepare_failure=NOT_REGISTERED
+    )
     assert result.reason == Reason.DRIVER_NOT_READY
-    assert result.message == "kubelet: DRA driver gpu.example.com is not registered"
+    assert result.message == (
+        "driver gpu.example.com on node-01 has not prepared the claim since "
+        "2026-01-01T10:00:00Z; the kubelet says: DRA driver gpu.example.com is not registered "
+        "(the node agent of gpu.example.com is not running on node-01, or has not registered "
+        "with its kubelet yet)"
+    )
     assert [p.satisfied for p in result.pieces] == [True, True, True, False]
+    assert piece(result, "driver").reason == result.message
 
 
 def test_format_pieces_for_the_four_tutorial_states() -> None:
@@ -313,7 +371,9 @@ def test_format_pieces_for_the_four_tutorial_states() -> None:
         explain_tutorial(slices=[]),
         explain_tutorial(allocated, pod=on_node),
         explain_tutorial(
-            allocated, pod=on_node, prepare_error="DRA driver gpu.example.com is not registered"
+            allocated,
+            pod=on_node,
+            prepare_failure=explain.PrepareFailure("DRA driver gpu.example.com is not registered"),
         ),
     ]
     assert [explain.format_pieces(s) for s in states] == [
@@ -332,7 +392,10 @@ def test_format_pieces_for_the_four_tutorial_states() -> None:
         "class    OK   device class gpu-inferencia exists\n"
         "devices  OK   allocated node-01/gpu-0\n"
         "node     OK   the pod is bound to node-01\n"
-        "driver   NO   kubelet: DRA driver gpu.example.com is not registered\n",
+        "driver   NO   driver gpu.example.com on node-01 has not prepared the claim; the "
+        "kubelet says: DRA driver gpu.example.com is not registered (the node agent of "
+        "gpu.example.com is not running on node-01, or has not registered with its kubelet "
+        "yet)\n",
     ]
 
 

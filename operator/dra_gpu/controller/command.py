@@ -47,8 +47,8 @@ async def load_view(api: kube.Kube, namespace: str) -> ClusterView:
     return view
 
 
-async def prepare_error(api: kube.Kube, pod: kube.Body) -> str | None:
-    """The kubelet's latest FailedPrepareDynamicResources message on the pod, if any, while it
+async def prepare_failure(api: kube.Kube, pod: kube.Body) -> explain.PrepareFailure | None:
+    """The kubelet's latest FailedPrepareDynamicResources on the pod, if any, while it
     matters: once the pod left Pending its claims were prepared, and the event is history."""
     if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
         return None
@@ -58,7 +58,7 @@ async def prepare_error(api: kube.Kube, pod: kube.Body) -> str | None:
         fieldSelector=f"involvedObject.uid={meta['uid']},reason={explain.PREPARE_FAILED}",
     )
     items = sorted(listing.get("items", []), key=lambda e: e.get("lastTimestamp") or "")
-    return str(items[-1]["message"]) if items else None
+    return explain.prepare_failure(items[-1]) if items else None
 
 
 async def explain_target(
@@ -97,7 +97,7 @@ async def _explain(api: kube.Kube, kind: str, name: str, namespace: str) -> str:
         claims = [claim]
         pods = view.pods_of(claim)
         pod = pods[0] if pods else None
-    error = await prepare_error(api, pod) if pod else None
+    failure = await prepare_failure(api, pod) if pod else None
     out = []
     for claim in sorted(claims, key=lambda c: c["metadata"]["name"]):
         result = explain.explain_claim(
@@ -107,7 +107,7 @@ async def _explain(api: kube.Kube, kind: str, name: str, namespace: str) -> str:
             slices=list(view.slices.values()),
             claims=list(view.claims.values()),
             nodes=view.nodes,
-            prepare_error=error,
+            prepare_failure=failure,
         )
         out.append(f"ResourceClaim {namespace}/{claim['metadata']['name']}:\n")
         out.append(explain.format_pieces(result))

@@ -38,7 +38,7 @@ from typing import Any
 from dra_gpu import cel
 from dra_gpu.controller import inventory, selections
 from dra_gpu.controller.inventory import DeviceKey
-from dra_gpu.controller.selections import Outcome, Selections
+from dra_gpu.controller.selections import ListKey, Outcome, Selections
 
 Body = Mapping[str, Any]
 
@@ -67,9 +67,10 @@ class Reason(enum.StrEnum):
     DEVICES_ALLOCATED = "DevicesAllocated"  # enough fit, but other claims hold them
     NODE_EXCLUDED = "NodeExcluded"  # free fitting devices only on nodes the pod cannot use
     NO_COMMON_NODE = "NoCommonNode"  # every request fits somewhere, but not all on one node
-    DRIVER_NOT_READY = "DriverNotReady"  # the kubelet could not prepare (see prepare_error)
+    DRIVER_NOT_READY = "DriverNotReady"  # the kubelet could not prepare (a PrepareFailure)
     SATISFIABLE = "Satisfiable"  # no missing piece found: it is the scheduler's move
     ALLOCATED = "Allocated"  # nothing to explain
+    PREPARED = "Prepared"  # a claim explained as DriverNotReady was prepared: its pod runs
     FITS = "Fits"  # per request only: this request can be satisfied on its own
 
 
@@ -161,7 +162,82 @@ class Explanation:
     @property
     def missing(self) -> bool:
         """Whether a piece is missing, i.e. whether a Warning Event is due."""
-        return self.reason not in (Reason.ALLOCATED, Reason.SATISFIABLE)
+        return self.reason not in (Reason.ALLOCATED, Reason.SATISFIABLE, Reason.PREPARED)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareFailure:
+    """The kubelet's word that it could not prepare a pod's claims: its latest
+    ``FailedPrepareDynamicResources`` Event on the pod, which only the caller can see."""
+
+    message: str
+    """What the kubelet said, without its "Failed to prepare dynamic resources: " preamble:
+    "DRA driver gpu.example.com is not registered", or the agent's error for one claim."""
+    node: str | None = None
+    """Where (the kubelet's host); None: unknown, the pod's node is meant."""
+    since: str | None = None
+    """When the kubelet first said it (RFC 3339), across its retries."""
+    pod_uid: str = ""
+
+    @functools.cached_property
+    def driver(self) -> str | None:
+        """The driver the kubelet names as missing, if it names one."""
+        found = _NOT_REGISTERED.search(self.message)
+        return found[1] if found else None
+
+    @functools.cached_property
+    def claim(self) -> str | None:
+        """``namespace/name`` of the one claim the kubelet names, if it names one."""
+        found = _FOR_CLAIM.search(self.message)
+        return found[1] if found else None
+
+    def concerns(self, claim: Body, driver: str) -> bool:
+        """Whether this failure is ``driver``'s part of ``claim``: the claim is allocated with a
+        device of ``driver``, and the kubelet names no other claim and no other driver."""
+        meta = claim.get("metadata") or {}
+        if self.claim is not None and self.claim != f"{meta.get('namespace')}/{meta.get('name')}":
+            return False
+        if self.driver is not None and self.driver != driver:
+            return False
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        return any(r.get("driver") == driver for r in results)
+
+
+_PREAMBLES = ("Failed to prepare dynamic resources: ", "prepare dynamic resources: ")
+_NOT_REGISTERED = re.compile(r"DRA driver (\S+) is not registered")
+_FOR_CLAIM = re.compile(r"for claim ([a-z0-9.-]+/[a-z0-9.-]+)")
+
+
+def prepare_failure(event: Body) -> PrepareFailure | None:
+    """The ``PrepareFailure`` a kubelet Event says (core/v1 or events.k8s.io shape, as a
+    core/v1 watch shows either); None when it is not a ``FailedPrepareDynamicResources``."""
+    if event.get("reason") != PREPARE_FAILED:
+        return None
+    message = str(event.get("message") or event.get("note") or "")
+    for preamble in _PREAMBLES:
+        message = message.removeprefix(preamble)
+    node = (event.get("source") or {}).get("host") or event.get("reportingInstance") or None
+    since = event.get("firstTimestamp") or event.get("eventTime") or event.get("lastTimestamp")
+    pod_uid = str((event.get("involvedObject") or event.get("regarding") or {}).get("uid") or "")
+    return PrepareFailure(message, str(node) if node else None, since or None, pod_uid)
+
+
+def driver_not_ready(failure: PrepareFailure, drivers: Sequence[str], node: str | None) -> str:
+    """The driver piece in words: which driver, on which node, since when, what the kubelet
+    said, and for "not registered" where to look."""
+    who = f"driver {', '.join(drivers)}" if drivers else "the driver"
+    where = failure.node or node
+    text = f"{who}{f' on {where}' if where else ''} has not prepared the claim"
+    if failure.since:
+        text += f" since {failure.since}"
+    text += f"; the kubelet says: {failure.message}"
+    if failure.driver is not None:
+        text += (
+            f" (the node agent of {failure.driver} is not running"
+            f"{f' on {where}' if where else ''}, or has not registered with its kubelet yet)"
+        )
+    return _bounded(text)
 
 
 def explain_claim(
@@ -172,16 +248,16 @@ def explain_claim(
     slices: Sequence[Body],
     claims: Sequence[Body],
     nodes: Mapping[str, Body],
-    prepare_error: str | None = None,
+    prepare_failure: PrepareFailure | None = None,
 ) -> Explanation:
     """Explain ``claim`` against the cluster as the caller's caches show it.
 
     ``classes`` and ``nodes`` map names to bodies; ``slices`` are all ResourceSlices (every
     driver); ``claims`` may include ``claim`` itself (it never counts as holding a device).
     ``pod`` is the pod that uses the claim, if known: without it, tolerations, nodeSelector,
-    node affinity and ``nodeName`` are not checked. ``prepare_error`` is the kubelet's
-    FailedPrepareDynamicResources text (e.g. "DRA driver gpu.example.com is not registered"),
-    which only the caller can see, in Events.
+    node affinity and ``nodeName`` are not checked. ``prepare_failure`` is the kubelet's
+    latest FailedPrepareDynamicResources on the pod (e.g. "DRA driver gpu.example.com is not
+    registered"), which only the caller can see, in Events: the driver piece.
     """
     if (claim.get("status") or {}).get("allocation") or (claim.get("metadata") or {}).get(
         "deletionTimestamp"
@@ -189,7 +265,7 @@ def explain_claim(
         world = World(Layout(()), inventory.HolderIndex(), nodes, slices)  # not read
     else:
         world = build_world(slices, claims, nodes)
-    return explain(claim, world, classes=classes, pod=pod, prepare_error=prepare_error)
+    return explain(claim, world, classes=classes, pod=pod, prepare_failure=prepare_failure)
 
 
 def explain(
@@ -198,7 +274,7 @@ def explain(
     *,
     classes: Mapping[str, Body],
     pod: Body | None = None,
-    prepare_error: str | None = None,
+    prepare_failure: PrepareFailure | None = None,
     detail: bool = True,
 ) -> Explanation:
     """``explain_claim`` against a World built beforehand, shared by many claims.
@@ -209,7 +285,7 @@ def explain(
     meta = claim.get("metadata") or {}
     name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     if (claim.get("status") or {}).get("allocation"):
-        return _explain_allocated(name, claim, pod, classes, world.slice_list(), prepare_error)
+        return _explain_allocated(name, claim, pod, classes, world.slice_list(), prepare_failure)
     if meta.get("deletionTimestamp"):
         return Explanation(
             name, Reason.CLAIM_DELETING, f"resourceclaim {name} is being deleted", _unchecked()
@@ -219,7 +295,7 @@ def explain(
     requests = tuple(
         _explain_request(r, scope, classes) for r in devices_spec.get("requests") or []
     )
-    return _summarize(name, requests, bool(devices_spec.get("constraints")), prepare_error)
+    return _summarize(name, requests, bool(devices_spec.get("constraints")), prepare_failure, pod)
 
 
 def build_world(
@@ -248,11 +324,15 @@ def _summarize(
     name: str,
     requests: tuple[RequestExplanation, ...],
     has_constraints: bool,
-    prepare_error: str | None,
+    prepare_failure: PrepareFailure | None,
+    pod: Body | None,
 ) -> Explanation:
     pieces = _combine_pieces([r.pieces for r in requests], any_of=False)
-    if prepare_error:
-        pieces = _with_piece(pieces, Piece("driver", False, f"kubelet: {prepare_error}"))
+    not_ready = None
+    if prepare_failure is not None:
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        not_ready = driver_not_ready(prepare_failure, (), node)
+        pieces = _with_piece(pieces, Piece("driver", False, not_ready))
     failing = sorted((r for r in requests if not r.satisfied), key=lambda r: _SEVERITY[r.reason])
     if failing:
         message = _join_messages([r.message for r in failing])
@@ -263,10 +343,8 @@ def _summarize(
         message = _bounded(f"no node satisfies every request: {where}")
         pieces = _with_piece(pieces, Piece("node", False, message))
         return Explanation(name, Reason.NO_COMMON_NODE, message, pieces, requests)
-    if prepare_error:
-        return Explanation(
-            name, Reason.DRIVER_NOT_READY, _bounded(f"kubelet: {prepare_error}"), pieces, requests
-        )
+    if not_ready is not None:
+        return Explanation(name, Reason.DRIVER_NOT_READY, not_ready, pieces, requests)
     if not requests:
         return Explanation(name, Reason.SATISFIABLE, "the claim requests no devices", pieces)
     message = f"no missing piece found: every request can be satisfied on {_names(common)}"
@@ -281,7 +359,7 @@ def _explain_allocated(
     pod: Body | None,
     classes: Mapping[str, Body],
     slices: Sequence[Body],
-    prepare_error: str | None,
+    prepare_failure: PrepareFailure | None,
 ) -> Explanation:
     """An allocated claim: the scheduler's part is done; only the kubelet's may be missing."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
@@ -305,8 +383,9 @@ def _explain_allocated(
         node_reason = f"allocated for {node}" if node else "allocated for any node"
     drivers = sorted({str(r.get("driver")) for r in results})
     published = set(_slice_nodes(slices))
-    if prepare_error:
-        driver = Piece("driver", False, f"kubelet: {prepare_error}")
+    not_ready = driver_not_ready(prepare_failure, drivers, node) if prepare_failure else None
+    if not_ready is not None:
+        driver = Piece("driver", False, not_ready)
     elif node and drivers and all((d, node) in published for d in drivers):
         driver = Piece("driver", True, f"{', '.join(drivers)} published devices for {node}")
     else:
@@ -317,10 +396,27 @@ def _explain_allocated(
         Piece("node", True, node_reason),
         driver,
     )
-    if prepare_error:
-        message = _bounded(f"kubelet: {prepare_error}")
-        return Explanation(name, Reason.DRIVER_NOT_READY, message, pieces)
+    if not_ready is not None:
+        return Explanation(name, Reason.DRIVER_NOT_READY, not_ready, pieces)
     return Explanation(name, Reason.ALLOCATED, allocated + (f" on {node}" if node else ""), pieces)
+
+
+def prepared(claim: Body, pod: Body, classes: Mapping[str, Body]) -> Explanation:
+    """The all-clear for a claim once explained as ``DRIVER_NOT_READY``: its pod left Pending,
+    so the driver prepared it."""
+    meta = claim.get("metadata") or {}
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    base = _explain_allocated(name, claim, pod, classes, (), None)
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    drivers = sorted({str(r.get("driver")) for r in results.get("results") or []})
+    pod_meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    message = (
+        f"driver {', '.join(drivers) or '?'}{f' on {node}' if node else ''} prepared the claim: "
+        f"pod {pod_meta.get('namespace')}/{pod_meta.get('name')} is "
+        f"{(pod.get('status') or {}).get('phase', 'Pending')}"
+    )
+    return dataclasses.replace(base, reason=Reason.PREPARED, message=message)
 
 
 def _allocation_node(allocation: Body) -> str | None:
@@ -427,8 +523,8 @@ class Layout:
             sorted(incomplete, key=lambda p: (_natural(p.pool), p.driver))
         )
         self.device_nodes = frozenset(d.node for d in self.devices if d.node)
-        self._outcomes: dict[selections.ListKey, list[Outcome]] = {}
-        self._candidates: dict[selections.ListKey, tuple[int, ...]] = {}
+        self._outcomes: dict[ListKey, list[Outcome]] = {}
+        self._candidates: dict[ListKey, tuple[int, ...]] = {}
 
     def outcomes(self, selectors: Sequence[cel.Compiled]) -> list[Outcome]:
         """Each device's outcome (see ``selections``), aligned with ``devices``."""
@@ -577,7 +673,7 @@ class _Exclusions(Mapping[str, str | None]):
         self._known[name] = found
         return found
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         found = self._known.get(name, _UNKNOWN)
         if found is not _UNKNOWN:
             return found
@@ -1022,7 +1118,7 @@ class _RequestCheck:
         elif code == _C_FITS:
             text = f"{device.label} fits"
         else:
-            text = f"{device.label}: {self.scope.exclusions.get(device.node)}"
+            text = f"{device.label}: {self.scope.exclusions.get(device.node or '')}"
         return _Checked(device, verdict, passed, text)
 
     def _head(self, group: _Group) -> _Head:

@@ -24,6 +24,13 @@ changes:
 A claim is explained again when its stamp, its pods' stamps or an epoch of its classes moved
 (``ClusterView.stamp`` moves only when a field the controller keeps changes).
 
+The fourth piece, the driver: an allocated claim of our driver whose pod is bound to a node and
+still Pending, while the kubelet's latest prepare failure on that pod (``PrepareFailures`` puts
+it in the view) concerns it, is explained as ``DriverNotReady`` — which driver, on which node,
+since when, what the kubelet said — again only when the claim, the pod or the failure changes
+(not at each of the kubelet's retries). Once its pod runs, the claim and the pod get one Normal
+``Prepared`` Event, and the claim is forgotten.
+
 Must not: read or write the API itself (the Reporter does), or block the loop for long: it
 yields between batches of claims and leaves the rest for the next pass if the view changed.
 """
@@ -107,6 +114,7 @@ class Explainer:
         self._urgent: dict[str, _Done] = {}
         self._outbox: dict[str, _Done] = {}
         self._in_flight: set[str] = set()
+        self._unprepared: dict[str, _Done] = {}  # claims told DriverNotReady: told when it runs
         self._due = {id(self._urgent): asyncio.Event(), id(self._outbox): asyncio.Event()}
 
     # ---- what changed ----------------------------------------------------------------------
@@ -241,7 +249,7 @@ class Explainer:
             names = self._names.get(key)
             if names is None or names[0] != stamp:
                 names = self._names[key] = (stamp, explain.class_names(claim))
-            inputs = (
+            inputs: tuple[Any, ...] = (
                 stamp,
                 tuple(view.stamp("Pod", p) for p in pod_keys),
                 tuple(self.epochs[n] for n in names[1]),
@@ -250,13 +258,28 @@ class Explainer:
             if done is None or done.inputs != inputs:
                 own = done is None or done.inputs[:2] != inputs[:2]
                 found.append((not own, key, waiting, inputs))
+        for pod_key, failure in view.prepare_failures.items():
+            pod = view.pods.get(pod_key)
+            if pod is None or not _waits_for_prepare(pod, failure):
+                continue
+            for key in view.claim_keys_of_pod(pod_key):
+                held = view.claims.get(key)
+                if key in waiting_keys or held is None or not failure.concerns(held, self.driver):
+                    continue
+                waiting_keys.add(key)
+                inputs = (view.stamp("ResourceClaim", key), (view.stamp("Pod", pod_key),), failure)
+                done = self._done.get(key)
+                if done is None or done.inputs != inputs:
+                    found.append((False, key, [pod], inputs))
         for key in set(self._done) - waiting_keys:
             del self._done[key]
         for key in set(self._names) - waiting_keys:
             del self._names[key]
         for queue in (self._urgent, self._outbox):
             for key in set(queue) - waiting_keys:
-                del queue[key]
+                result = queue[key].result
+                if result is None or result.reason != explain.Reason.PREPARED:
+                    del queue[key]  # an all-clear is still due
         found.sort(key=lambda entry: entry[:2])
         return [(key, waiting, inputs, not later) for later, key, waiting, inputs in found]
 
@@ -307,11 +330,27 @@ class Explainer:
             log.debug("explained %d claims; %d wait for the next pass", reached, len(left))
         else:
             self._clean_at = generation
+        self._note_prepared()
         # Claims still pending and ours, whether explained now or before; and those not reached.
         keep = {d.uid for d in self._done.values() if d.result is not None}
         keep |= {str(view.claims[entry[0]]["metadata"].get("uid", "")) for entry in left}
         self.reporter.keep_only(keep)
         self._wake_lanes()
+
+    def _note_prepared(self) -> None:
+        """Queue the all-clear for claims told DriverNotReady whose pod now runs; forget those
+        whose pod went away."""
+        for key, told in list(self._unprepared.items()):
+            if key in self._done:
+                continue  # still waiting for the driver
+            pod = self.view.pods.get(_key_of(told.waiting[0]))
+            claim = self.view.claims.get(key)
+            if pod is None or claim is None or _uid(pod) != _uid(told.waiting[0]):
+                del self._unprepared[key]
+            elif (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+                del self._unprepared[key]
+                result = explain.prepared(claim, pod, self.view.classes)
+                self._outbox[key] = _Done(key, (), told.uid, claim, [pod], result)
 
     def _wake_lanes(self) -> None:
         for queue in (self._urgent, self._outbox):
@@ -325,6 +364,7 @@ class Explainer:
         """Post nothing queued (this replica no longer leads)."""
         self._urgent.clear()
         self._outbox.clear()
+        self._unprepared.clear()
 
     async def post_due(self) -> int:
         """Post every queued explanation; returns how many (``post_forever`` without the
@@ -391,12 +431,29 @@ class Explainer:
 
     async def _post(self, done: _Done) -> None:
         assert done.result is not None
-        reason, message = str(done.result.reason), done.result.message
-        await self.reporter.report(done.claim, done.waiting, reason, message)
+        reason, message = done.result.reason, done.result.message
+        kind = "Warning" if done.result.missing else "Normal"
+        await self.reporter.report(done.claim, done.waiting, str(reason), message, type_=kind)
+        if reason == explain.Reason.DRIVER_NOT_READY:
+            self._unprepared[done.key] = done
 
     def _explain(self, key: str, waiting: list[dict[str, Any]], inputs: tuple[Any, ...]) -> _Done:
         claim = self.view.claims[key]
         uid = str(claim["metadata"].get("uid", ""))
+        failure = inputs[2] if isinstance(inputs[2], explain.PrepareFailure) else None
+        if failure is not None:  # the driver's part: only the claim's own pools are read
+            pools = {inventory.result_key(r)[:2] for r in _results(claim)}
+            result = explain.explain_claim(
+                claim,
+                pod=waiting[0],
+                classes=self.view.classes,
+                slices=[s for pool in sorted(pools) for s in self.view.slices_of_pool(pool)],
+                claims=(),
+                nodes=self.view.nodes,
+                prepare_failure=failure,
+            )
+            self.explained += 1
+            return _Done(key, inputs, uid, claim, waiting, result)
         if not self._concerns_us(claim):
             return _Done(key, inputs, uid, claim, waiting, None)
         if self._world is None or self._world[0] != self.view.generation:
@@ -421,3 +478,26 @@ class Explainer:
                 if not drivers or self.driver in drivers:
                     return True
         return False
+
+
+def _results(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return list((allocation.get("devices") or {}).get("results") or [])
+
+
+def _uid(body: Mapping[str, Any]) -> str:
+    return str(body["metadata"].get("uid", ""))
+
+
+def _key_of(body: Mapping[str, Any]) -> str:
+    meta = body["metadata"]
+    return f"{meta.get('namespace')}/{meta['name']}"
+
+
+def _waits_for_prepare(pod: Mapping[str, Any], failure: explain.PrepareFailure) -> bool:
+    """Bound to a node, still Pending, and the pod the kubelet spoke of (not a namesake)."""
+    return (
+        bool((pod.get("spec") or {}).get("nodeName"))
+        and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+        and (not failure.pod_uid or failure.pod_uid == _uid(pod))
+    )

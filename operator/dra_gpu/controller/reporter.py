@@ -1,7 +1,8 @@
 """Posts the controller's explanation of a pending claim, once per reason.
 
 One Warning Event on the claim and one on each pod waiting for it, with the same message and
-the same log line. A claim's explanation is posted again only when its message changes; after a
+the same log line (a Normal one for an all-clear: a claim the driver was not ready for runs).
+A claim's explanation is posted again only when its message changes; after a
 controller restart (or a new leader) the last Event already on the claim is read first, so an
 unchanged situation is not announced twice.
 """
@@ -29,31 +30,42 @@ class Reporter:
             del self._posted[uid]
 
     async def report(
-        self, claim: kube.Body, pods: Sequence[kube.Body], reason: str, message: str
+        self,
+        claim: kube.Body,
+        pods: Sequence[kube.Body],
+        reason: str,
+        message: str,
+        *,
+        type_: str = "Warning",
     ) -> bool:
-        """Post ``message`` unless it is what was last posted for this claim."""
+        """Post ``message`` unless it is what was last posted for this claim (``type_``
+        Normal: an all-clear, e.g. the claim was prepared after all)."""
         uid = claim["metadata"]["uid"]
         if self._posted.get(uid) == message:
             return False
         if uid not in self._posted and await self._last_message(claim) == message:
             self._posted[uid] = message
             return False
-        log.warning("ResourceClaim %s: %s", events.object_ref(claim)["name"], message)
-        await self.warn(claim, "ResourceClaim", reason, message)
+        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        log.log(level, "ResourceClaim %s: %s", events.object_ref(claim)["name"], message)
+        await self.warn(claim, "ResourceClaim", reason, message, type_=type_)
         for pod in pods:
-            await self.warn(pod, "Pod", reason, message)
+            await self.warn(pod, "Pod", reason, message, type_=type_)
         metrics.EXPLAIN_EVENTS.labels(reason).inc()
         self._posted[uid] = message
         return True
 
-    async def warn(self, body: kube.Body, kind: str, reason: str, message: str) -> None:
-        """One Warning Event of ours on ``body`` (a core or resource.k8s.io object)."""
+    async def warn(
+        self, body: kube.Body, kind: str, reason: str, message: str, *, type_: str = "Warning"
+    ) -> None:
+        """One Event of ours (Warning unless told) on ``body`` (a core or resource.k8s.io
+        object)."""
         api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
         ref = events.object_ref({**body, "apiVersion": api_version, "kind": kind})
         await events.post(
             self.api,
             ref,
-            type_="Warning",
+            type_=type_,
             reason=reason,
             message=message,
             component=COMPONENT,

@@ -2,10 +2,10 @@
 
 Owns the counts behind the gauges — devices and memory of our driver per node (published,
 allocated, free), devices each DeviceClass admits (published, allocated, free), claims by state,
-pools that are not complete — and the two pod timings (creation -> claims allocated, creation ->
-Running). Every replica keeps them. Each count is a sum of per-pool contributions: a change to a
-pool's slices, or to the holders of one of its devices, recounts that pool (a few devices), and
-an edited class is recounted over every pool once. What it counts is what
+pools that are not complete. Every replica keeps them. Each count is a sum of per-pool
+contributions: a change to a pool's slices, or to the holders of one of its devices, recounts
+that pool (a few devices), and an edited class is recounted over every pool once. What it
+counts is what
 ``inventory.current_pools`` (complete pools only: ``inventory.Pool.complete``, the rule
 ``explain`` uses too), ``inventory.per_node`` and the class
 selectors say, so a recount from scratch gives the same numbers (tests compare the two).
@@ -16,7 +16,6 @@ Must not: read the API or post anything; it sets gauges and reads the view.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -43,12 +42,6 @@ def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]
     )
 
 
-def _timestamp(value: str | None) -> datetime.datetime | None:
-    if not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 class Tally:
     def __init__(self, driver: str, selections: Selections) -> None:
         self.driver = driver
@@ -63,11 +56,10 @@ class Tally:
         """Pools (every driver) that are not complete (``inventory.Pool.complete``)."""
         self._pool_nodes: dict[PoolKey, dict[str, NodeRow]] = {}
         self._pool_classes: dict[PoolKey, dict[str, ClassRow]] = {}
-        self._timed: dict[str, dict[str, str]] = {"allocated": {}, "running": {}}
 
     # ---- updating ------------------------------------------------------------------------
 
-    def update(self, view: ClusterView, changes: Changes, now: datetime.datetime) -> None:
+    def update(self, view: ClusterView, changes: Changes) -> None:
         """Take one batch of changes (``ClusterView.take_changes``) and set the gauges."""
         touched_nodes: set[str] = set()
         touched_classes: set[str] = set()
@@ -80,7 +72,6 @@ class Tally:
             touched_nodes |= nodes
             touched_classes |= classes
         self._set_gauges(touched_nodes, touched_classes, view)
-        self._time_pods(view, changes, now)
 
     def _recount_class(self, view: ClusterView, name: str) -> None:
         body = view.classes.get(name)
@@ -199,50 +190,6 @@ class Tally:
         for state in ("pending", "allocated", "reserved"):
             metrics.CLAIMS.labels(state).set(view.claim_states[state])
         metrics.INCONSISTENT_POOLS.set(sum(p.driver == self.driver for p in self.problems.values()))
-
-    # ---- pod timings -----------------------------------------------------------------------
-
-    def _time_pods(self, view: ClusterView, changes: Changes, now: datetime.datetime) -> None:
-        keys = set(changes.pods)
-        for claim in changes.claims:
-            keys.update(view.pod_keys_of(claim))
-        for key in sorted(keys):
-            pod = view.pods.get(key)
-            for seen in self._timed.values():
-                if seen.get(key) is not None and (pod is None or seen[key] != _uid(pod)):
-                    del seen[key]  # gone, or another pod of that name
-            if pod is None:
-                continue
-            refs = pod["spec"].get("resourceClaims") or []
-            created = _timestamp(pod["metadata"].get("creationTimestamp"))
-            if not refs or created is None:
-                continue
-            uid = _uid(pod)
-            if key not in self._timed["allocated"] and _claims_allocated(view, pod):
-                metrics.POD_CLAIMS_ALLOCATED_SECONDS.observe((now - created).total_seconds())
-                self._timed["allocated"][key] = uid
-            phase = (pod.get("status") or {}).get("phase")
-            if key not in self._timed["running"] and phase == "Running":
-                metrics.POD_RUNNING_SECONDS.observe((now - created).total_seconds())
-                self._timed["running"][key] = uid
-
-
-def _uid(pod: Mapping[str, Any]) -> str:
-    return str(pod["metadata"].get("uid", ""))
-
-
-def _claims_allocated(view: ClusterView, pod: Mapping[str, Any]) -> bool:
-    namespace = pod["metadata"]["namespace"]
-    names = {
-        s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
-    names |= {r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []}
-    names.discard(None)
-    wanted = len(pod["spec"].get("resourceClaims") or [])
-    found = [view.claims.get(f"{namespace}/{n}") for n in names]
-    allocated = [c for c in found if c and c.get("status", {}).get("allocation")]
-    return len(allocated) >= wanted
 
 
 def _remove(gauge: Any, *labels: str) -> None:

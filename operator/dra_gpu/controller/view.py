@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dra_gpu.controller import inventory
+from dra_gpu.controller import explain, inventory
 
 Body = dict[str, Any]
 KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node")
@@ -177,6 +177,8 @@ class ClusterView:
         self.pools: dict[PoolKey, inventory.Pool] = {}
         """Every (driver, pool) at its newest generation."""
         self._pools_on_node: dict[str, set[PoolKey]] = {}
+        self.prepare_failures: dict[str, explain.PrepareFailure] = {}
+        """Pod key -> the kubelet's latest prepare failure on it (``set_prepare_failure``)."""
         self._changes = Changes()
         self._seq = 0
 
@@ -204,6 +206,19 @@ class ClusterView:
         if new is not None:
             self._stamps[kind][name] = self.generation
         getattr(self, _ON_CHANGE[kind])(name, old, new)
+        return True
+
+    def set_prepare_failure(self, pod_key: str, failure: explain.PrepareFailure | None) -> bool:
+        """The kubelet's latest prepare failure on a pod (None: none, or it expired); a change
+        of it is a change of that pod. Returns whether it changed."""
+        if self.prepare_failures.get(pod_key) == failure:
+            return False
+        if failure is None:
+            del self.prepare_failures[pod_key]
+        else:
+            self.prepare_failures[pod_key] = failure
+        self.generation += 1
+        self._changes.pods.add(pod_key)
         return True
 
     def take_changes(self) -> Changes:
@@ -244,6 +259,14 @@ class ClusterView:
 
     def pod_keys_of(self, claim_key: str) -> list[str]:
         return sorted(self._pods_by_claim.get(claim_key, ()))
+
+    def claim_keys_of_pod(self, pod_key: str) -> tuple[str, ...]:
+        """Keys of the claims a kept pod uses, sorted."""
+        return self._claims_of_pod.get(pod_key, ())
+
+    def slices_of_pool(self, pool: PoolKey) -> list[Body]:
+        """The ResourceSlices of one (driver, pool), every generation."""
+        return [self.slices[name] for name in sorted(self._pool_slices.get(pool, ()))]
 
     def pending_claims(self) -> Iterator[Body]:
         """Claims not allocated yet, in a stable order."""
