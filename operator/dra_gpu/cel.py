@@ -23,9 +23,9 @@ private package ``dra_gpu._cel`` reimplements that stack in Python, piece by pie
 - ``library`` and friends: the functions, by overload: the standard library with checked int64/
   uint64 arithmetic, Go's number and time parsing and formatting (``golang``), strings
   (code points, ASCII case, Go's split/trim), lists, sets, optionals, RE2 regular expressions
-  with Go's ASCII classes (``regex``), quantities as apimachinery stores them (``quantities``:
-  ``isInteger`` is false for ``1.5Gi``), semantic versions (``semvers``), IP/CIDR/URL and named
-  formats.
+  with Go's ASCII classes (``regex``), quantities as apimachinery stores them
+  (``dra_gpu.quantities``, shared with the device model and the controller: ``isInteger`` is
+  false for ``1.5Gi``), semantic versions (``dra_gpu.semvers``), IP/CIDR/URL and named formats.
 
 The ``device`` variable: ``device.driver``, ``device.allowMultipleAllocations`` (false when unset),
 ``device.attributes`` and ``device.capacity``: maps from domain to maps from identifier to value. A
@@ -51,9 +51,9 @@ from typing import Any, Final
 
 from dra_gpu._cel import checker, runtime, syntax
 from dra_gpu._cel.library import DefaultMap, type_name
-from dra_gpu._cel.quantities import QuantityError, parse_quantity
-from dra_gpu._cel.semvers import SemverError, parse_semver
 from dra_gpu._cel.values import CelError
+from dra_gpu.quantities import QuantityError, parse_quantity
+from dra_gpu.semvers import SemverError, parse_semver
 
 __all__ = [
     "MAX_EXPRESSION_BYTES",

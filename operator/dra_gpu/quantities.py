@@ -9,18 +9,22 @@ that too is visible. So this module ports the representation, not just the value
 ``ParseQuantity``, ``Cmp``, ``Add``/``Sub``, ``AsInt64``, ``AsApproximateFloat64``, ``Sign`` and the
 canonical text (``String``) that the API server stores and the scheduler parses back.
 
-Pure functions and one small mutable class; no I/O.
+The one quantity parser of the package: CEL's ``quantity()`` (``dra_gpu._cel``), the device
+model's capacity check (``devices.model``) and the controller's byte counts all use it, so a
+capacity the agent publishes is exactly the value selectors compare and metrics add up.
+CEL's own equality rule for quantities lives with CEL (``_cel.values.cel_equal``).
+
+Pure functions and one small mutable class; no I/O, no imports from the rest of the package.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from fractions import Fraction
 from typing import Final
 
-from dra_gpu._cel.values import CelError
-
-__all__ = ["Quantity", "QuantityError", "parse_quantity"]
+__all__ = ["Quantity", "QuantityError", "exact_value", "parse_quantity"]
 
 _INT64_MAX: Final = 2**63 - 1
 _INT64_MIN: Final = -(2**63)
@@ -168,11 +172,6 @@ class Quantity:
         """Held by pointer in CEL (the result of add()/sub()): then ``==`` with it as the right
         operand is "no such overload" upstream (``other.(Quantity)`` fails on a pointer)."""
 
-    def cel_equal(self, other: object) -> bool:
-        if not isinstance(other, Quantity) or other.boxed:
-            raise CelError("no such overload")
-        return self.equal(other)
-
     def copy(self) -> Quantity:
         return Quantity(self.value, self.scale, self.dec, self.format, self.text)
 
@@ -192,6 +191,11 @@ class Quantity:
 
     def _dec_view(self) -> tuple[int, int]:
         return self.dec if self.dec is not None else (self.value, -self.scale)
+
+    def exact(self) -> Fraction:
+        """The exact value, whichever representation holds it (the receiver is unchanged)."""
+        unscaled, scale = self._dec_view()
+        return Fraction(unscaled) / Fraction(10) ** scale
 
     def is_zero(self) -> bool:
         return (self.dec[0] if self.dec is not None else self.value) == 0
@@ -538,6 +542,11 @@ def _parse_cached(text: str) -> Quantity:
 def parse_quantity(text: str) -> Quantity:
     """ParseQuantity: a new Quantity (the caller may mutate it); QuantityError if invalid."""
     return _parse_cached(text).copy()
+
+
+def exact_value(text: str) -> Fraction:
+    """The exact value of a quantity string ("24Gi" -> 25769803776); QuantityError if invalid."""
+    return _parse_cached(text).exact()
 
 
 def _parse(text: str) -> Quantity:

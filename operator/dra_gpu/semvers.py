@@ -2,7 +2,9 @@
 
 Kubernetes' CEL ``semver()`` and DRA's ``version`` attributes both go through blang's ``Parse``
 (optionally after apiserver's ``normalizeAndParse``); comparisons use its ``Compare``, which
-ignores build metadata. Pure functions; no I/O.
+ignores build metadata. The one semver parser of the package: CEL's ``semver()`` and the
+device model's ``version`` attributes both use it. CEL's equality rule for versions lives with
+CEL (``_cel.values.cel_equal``). Pure functions; no I/O, no imports from the rest of the package.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import functools
 import json
 from typing import Final
-
-from dra_gpu._cel.values import CelError
 
 __all__ = ["Semver", "SemverError", "parse_semver"]
 
@@ -45,11 +45,6 @@ class Semver:
         # A release sorts after its prereleases; then identifier by identifier, a longer list
         # of equal identifiers sorting later (tuple order does exactly that).
         self.key = (major, minor, patch, 0 if pre else 1, identifiers)
-
-    def cel_equal(self, other: object) -> bool:
-        if not isinstance(other, Semver):
-            raise CelError("no such overload")
-        return self.key == other.key
 
     def compare(self, other: Semver) -> int:
         return (self.key > other.key) - (self.key < other.key)

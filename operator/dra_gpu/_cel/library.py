@@ -18,8 +18,6 @@ from typing import Any, Final
 
 from dra_gpu._cel import checker, formats, golang, network, regex, urls
 from dra_gpu._cel.checker import Type
-from dra_gpu._cel.quantities import Quantity, QuantityError, parse_quantity
-from dra_gpu._cel.semvers import Semver, SemverError, parse_semver
 from dra_gpu._cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -37,6 +35,8 @@ from dra_gpu._cel.values import (
     map_find,
     to_key,
 )
+from dra_gpu.quantities import Quantity, QuantityError, parse_quantity
+from dra_gpu.semvers import Semver, SemverError, parse_semver
 
 __all__ = ["IMPLEMENTATIONS", "SINGLETONS", "dispatcher", "type_name"]
 

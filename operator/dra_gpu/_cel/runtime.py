@@ -22,7 +22,6 @@ from typing import Any, Final
 from dra_gpu._cel import library, regex
 from dra_gpu._cel.formats import NamedFormat
 from dra_gpu._cel.library import DefaultMap, no_such_overload
-from dra_gpu._cel.semvers import Semver
 from dra_gpu._cel.syntax import (
     Call,
     Comprehension,
@@ -47,6 +46,7 @@ from dra_gpu._cel.values import (
     map_find,
     to_key,
 )
+from dra_gpu.semvers import Semver
 
 __all__ = ["COST_LIMIT", "PlanError", "Program", "plan"]
 

@@ -27,6 +27,9 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+from dra_gpu.quantities import Quantity
+from dra_gpu.semvers import Semver
+
 __all__ = [
     "OPTIONAL_NONE",
     "CelError",
@@ -278,6 +281,15 @@ def cel_equal(a: Any, b: Any) -> bool:
         return True
     if ta is bytes:
         return tb is bytes and a == b
+    if ta is Quantity:
+        # A pointer upstream (the result of add()/sub()) as the right operand: no overload.
+        if tb is not Quantity or b.boxed:
+            raise CelError("no such overload")
+        return bool(a.equal(b))
+    if ta is Semver:
+        if tb is not Semver:
+            raise CelError("no such overload")
+        return bool(a.key == b.key)
     equal = getattr(a, "cel_equal", None)
     if equal is not None:
         return bool(equal(b))

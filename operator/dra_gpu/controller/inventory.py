@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import cel
-from dra_gpu.devices.model import parse_quantity
+from dra_gpu.quantities import exact_value
 
 Body = Mapping[str, Any]
 DeviceKey = tuple[str, str, str]
@@ -64,7 +64,7 @@ class PublishedDevice:
     def memory_bytes(self) -> int:
         value = (self.body.get("capacity") or {}).get("memory", {}).get("value")
         try:
-            return int(parse_quantity(value)) if value else 0
+            return int(exact_value(value)) if value else 0
         except ValueError:
             return 0
 

@@ -22,6 +22,8 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Protocol
 
+from dra_gpu import quantities, semvers
+
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 """The standard attribute for a device's PCI address (a third-party name: it carries a domain)."""
 
@@ -32,25 +34,6 @@ _INT64 = (-(2**63), 2**63 - 1)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SEMVER = re.compile(
-    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
-    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?"
-)
-_QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
-_SUFFIXES: dict[str, Fraction] = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{f"{p}i": Fraction(1024 ** (i + 1)) for i, p in enumerate("KMGTPE")},
-}
 
 
 class InventoryError(ValueError):
@@ -84,17 +67,21 @@ def is_qualified_name(name: str) -> bool:
 
 
 def parse_quantity(text: str) -> Fraction:
-    """The exact value of a Kubernetes quantity ("24Gi", "1.5G", "100m"); InventoryError if not."""
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise InventoryError(f"{text!r} is not a Kubernetes quantity (e.g. 24Gi)")
-    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:  # "1e3"; a lone "E" is exa
-        multiplier = Fraction(10) ** int(suffix[1:])
-    else:
-        multiplier = _SUFFIXES[suffix]
-    value = Fraction(number) * multiplier
-    return -value if sign == "-" else value
+    """The exact value of a Kubernetes quantity ("24Gi", "1.5G", "100m"), parsed as the API
+    server parses it (``dra_gpu.quantities``); InventoryError if it is none."""
+    try:
+        return quantities.exact_value(text)
+    except quantities.QuantityError:
+        raise InventoryError(f"{text!r} is not a Kubernetes quantity (e.g. 24Gi)") from None
+
+
+def is_semver(text: str) -> bool:
+    """A semantic version as the API server's ``version`` attribute check reads it."""
+    try:
+        semvers.parse_semver(text)
+    except semvers.SemverError:
+        return False
+    return True
 
 
 def format_bytes(count: int) -> str:
@@ -120,7 +107,7 @@ def normalize_version(raw: str) -> str:
     ignores when comparing ("31.0.15.3623" -> "31.0.15+3623").
     """
     text = raw.strip().removeprefix("v")
-    if _SEMVER.fullmatch(text):
+    if is_semver(text):
         return text
     if not re.fullmatch(r"\d+(\.\d+)*", text):
         raise InventoryError(
@@ -183,7 +170,7 @@ class VersionValue:
     value: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, str) or not _SEMVER.fullmatch(self.value):
+        if not isinstance(self.value, str) or not is_semver(self.value):
             raise InventoryError(f"{self.value!r} is not a semantic version (e.g. 12.4.0)")
         if len(self.value) > MAX_VALUE_LENGTH:
             raise InventoryError(f"{self.value!r} is longer than {MAX_VALUE_LENGTH} characters")
