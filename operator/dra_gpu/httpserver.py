@@ -23,11 +23,16 @@ def _app(
 ) -> web.Application:
     app = web.Application()
 
-    async def metrics_handler(request: web.Request) -> web.Response:
-        body = prometheus_client.generate_latest(registry)
-        return web.Response(
-            body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
-        )
+    def metrics_handler(
+        registry: prometheus_client.CollectorRegistry,
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            body = prometheus_client.generate_latest(registry)
+            return web.Response(
+                body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
+            )
+
+        return handler
 
     def check_handler(check: Check) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
@@ -37,7 +42,7 @@ def _app(
         return handler
 
     if registry is not None:
-        app.router.add_get("/metrics", metrics_handler)
+        app.router.add_get("/metrics", metrics_handler(registry))
     if healthz:
         app.router.add_get("/healthz", check_handler(healthz))
     if readyz:

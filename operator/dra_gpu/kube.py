@@ -323,7 +323,7 @@ class Kube:
             while True:
                 try:
                     async for event in self.watch_once(path, rv, **query):
-                        kind = event.get("type")
+                        kind = str(event.get("type", ""))
                         obj = event.get("object", {})
                         if kind == "ERROR":
                             raise ApiError("WATCH", path, int(obj.get("code", 500)), obj)
@@ -359,7 +359,8 @@ async def _load_config(
     found = _kubeconfig_files(kubeconfig, source=source, flag=flag)
     if found is None:
         try:
-            config.load_incluster_config(client_configuration=cfg)
+            # The one function of kubernetes-asyncio's config package left unannotated.
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except config.ConfigException as exc:
             raise ConfigError(
                 f"in a pod (KUBERNETES_SERVICE_HOST is set) but its {IN_CLUSTER} is not usable: "

@@ -123,8 +123,11 @@ def _remove_big_factors(value: int, factor: int) -> tuple[int, int]:
 def _round_up(unscaled: int, scale: int, new_scale: int) -> int:
     """inf.Dec Round(x, new_scale, RoundUp): the unscaled value at ``new_scale``."""
     if new_scale >= scale:
-        return unscaled * 10 ** (new_scale - scale)
-    divisor = 10 ** (scale - new_scale)
+        factor: int = 10 ** (
+            new_scale - scale
+        )  # int ** int is typed Any: a negative power is a float
+        return unscaled * factor
+    divisor: int = 10 ** (scale - new_scale)
     q, r = divmod(abs(unscaled), divisor)
     if r:
         q += 1

@@ -9,13 +9,15 @@ from typing import Any
 
 from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
-from dra_gpu.agent.state import CLAIM_READS, DeviceState, PrepareFailed, StatusSink
+from dra_gpu.agent.state import CLAIM_READS, DeviceState, Prepared, PrepareFailed, StatusSink
 from dra_gpu.devices import model
+from dra_gpu.devices.simulated import Profile, SimulatedBackend
 
 DRIVER = "gpu.example.com"
+SIMULATED = SimulatedBackend(Profile("test", {}), "node-01")
 
 
-class RecordingSink(StatusSink):
+class RecordingSink:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[dict[str, Any]]]] = []
 
@@ -31,7 +33,7 @@ def state(tmp_path: Path, sink: StatusSink | None = None) -> DeviceState:
         api=None,  # type: ignore[arg-type]  # these paths never reach the API
         driver=DRIVER,
         node="node-01",
-        backend_kind="simulated",
+        container_env=SIMULATED.container_env,
         cdi_dir=tmp_path / "cdi",
         checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
         inventory=no_inventory,
@@ -68,7 +70,7 @@ async def test_prepare_of_a_recorded_claim_answers_from_the_checkpoint(tmp_path:
     agent = state(tmp_path)
     record = prepared("u1")
     agent.load(checkpoint.Checkpoint({"u1": record}))
-    assert await agent.prepare(ClaimRef("ns", "claim-u1", ClaimUID("u1"))) == record
+    assert await agent.prepare(ClaimRef("ns", "claim-u1", ClaimUID("u1"))) == Prepared.of(record)
     # ... and a spec lost in a reboot is written again on the way.
     assert (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, "u1")).exists()
 
@@ -225,7 +227,7 @@ async def test_a_burst_of_prepares_reads_a_bounded_number_of_claims_at_once(
         api=api,  # type: ignore[arg-type]
         driver=DRIVER,
         node="node-01",
-        backend_kind="simulated",
+        container_env=SIMULATED.container_env,
         cdi_dir=tmp_path / "cdi",
         checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
         inventory=inventory,

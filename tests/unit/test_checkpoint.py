@@ -13,6 +13,7 @@ import pytest
 
 from dra_gpu.agent import cdi, checkpoint, files
 from dra_gpu.agent.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
+from dra_gpu.agent.claims import AllocatedDevice
 
 DRIVER = "gpu.example.com"
 UID = "6f1d3e0a-93c4-4c1e-a2b5-0d8c2f5e7a11"
@@ -33,7 +34,7 @@ def prepared_claim(uid: str = UID, devices: tuple[str, ...] = ("gpu-0",)) -> Pre
             for device in devices
         ),
         cdi_spec=cdi.claim_spec(
-            DRIVER, uid, [(d, cdi.simulated_device_env(i, d)) for i, d in enumerate(devices)]
+            DRIVER, uid, [(d, {f"GPU_DEVICE_{i}": d}) for i, d in enumerate(devices)]
         ),
     )
 
@@ -347,3 +348,18 @@ def test_a_whole_last_journal_line_that_says_something_else_is_corrupt_not_dropp
         journal.write(json.dumps(line) + "\n")
     with pytest.raises(CorruptCheckpoint, match="journal line 2: a change is 'put' or 'delete'"):
         checkpoint.read_checkpoint(path)
+
+
+def test_the_record_lists_the_allocated_devices_that_the_spec_holds() -> None:
+    # Prepare and the rebuild of a corrupt checkpoint both build the record here.
+    allocated = [
+        AllocatedDevice("gpu", "node-01", "gpu-0"),
+        AllocatedDevice("gpu/b", "node-01", "gpu-1"),
+    ]
+    spec = cdi.claim_spec(DRIVER, UID, [("gpu-1", {"GPU_DEVICE_0": "gpu-1"})])
+    record = checkpoint.record_claim(DRIVER, UID, "default", "c", allocated, spec)
+    assert record.devices == (
+        PreparedDevice(("gpu",), "node-01", "gpu-1", (cdi.cdi_device_id(DRIVER, UID, "gpu-1"),)),
+    )
+    assert record.cdi_spec == spec
+    assert checkpoint.record_claim(DRIVER, UID, "default", "c", allocated, None).devices == ()

@@ -170,3 +170,9 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
         assert list(inspect.signature(fake_fn).parameters) == real_params, name
     used = [n for n in dir(nvml.NvmlApi) if n.startswith(("nvml", "NVML"))]
     assert all(hasattr(real, n) and hasattr(FakeNvml, n) for n in used)
+
+
+async def test_a_container_sees_its_gpu_through_nvidia_visible_devices() -> None:
+    async with nvml.NvmlBackend("node-01", nvml=FakeNvml()) as backend:
+        gpu = (await backend.inventory()).devices[1]
+        assert backend.container_env(0, gpu) == {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}

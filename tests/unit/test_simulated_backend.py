@@ -34,6 +34,14 @@ async def test_tutorial_profile_gives_gpu_0_24gi_and_gpu_1_8gi_on_node_01() -> N
     assert all(d.healthy for d in inventory.devices)
 
 
+async def test_a_container_sees_each_simulated_gpu_as_gpu_device_n() -> None:
+    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node="node-01")
+    gpu0, gpu1 = (await backend.inventory()).devices
+    # One variable per position in the claim, so a container given both sees both.
+    assert backend.container_env(0, gpu1) == {"GPU_DEVICE_0": "gpu-1"}
+    assert backend.container_env(1, gpu0) == {"GPU_DEVICE_1": "gpu-0"}
+
+
 @pytest.mark.parametrize("node", ["node-02", "node-03"])
 async def test_tutorial_nodes_without_gpus_are_listed_with_no_devices(node: str) -> None:
     backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node=node)

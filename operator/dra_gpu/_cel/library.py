@@ -158,11 +158,13 @@ def compare_numbers(a: Any, b: Any) -> int:
         if ta is float and tb is float:
             if a != a or b != b:
                 raise CelError("NaN values cannot be ordered")
-            return (a > b) - (a < b)
+            order: int = (a > b) - (a < b)
+            return order
         if ta is float:
             return _cmp_double_int(a, b)
         return -_cmp_double_int(b, a)
-    return (a > b) - (a < b)
+    order = (a > b) - (a < b)
+    return order
 
 
 def _cmp_double_int(d: float, i: int) -> int:
@@ -347,11 +349,13 @@ def compare(a: Any, b: Any) -> int:
     if ta is str or ta is bytes or ta is bool:
         if tb is not ta:
             raise no_such_overload()
-        return (a > b) - (a < b)
+        order: int = (a > b) - (a < b)
+        return order
     if ta is Timestamp or ta is Duration:
         if tb is not ta:
             raise no_such_overload()
-        return (a.nanos > b.nanos) - (a.nanos < b.nanos)
+        order = (a.nanos > b.nanos) - (a.nanos < b.nanos)
+        return order
     raise no_such_overload()
 
 
@@ -828,7 +832,8 @@ def _is_zero(value: Any) -> bool:
     if value is None:
         return True
     if t in (Timestamp, Duration):
-        return value.nanos == 0
+        zero: bool = value.nanos == 0
+        return zero
     return False
 
 
@@ -932,8 +937,8 @@ def _zone_offset(tz: str, seconds: int) -> int:
     minutes = golang.parse_int(minutes_text)
     if hours is None or minutes is None:
         raise CelError(f'strconv.Atoi: parsing "{tz}": invalid syntax')
-    offset = hours * 60 - minutes if tz.startswith("-") else hours * 60 + minutes
-    return offset * 60
+    minutes_east = hours * 60 - minutes if tz.startswith("-") else hours * 60 + minutes
+    return minutes_east * 60
 
 
 def _civil(ts: Timestamp, tz: str | None) -> tuple[Any, int, int]:
@@ -1053,7 +1058,8 @@ def _format_string_clause(arg: Any) -> str:
     if arg is None:
         return "null"
     if t is CelType:
-        return arg.name
+        name: str = arg.name
+        return name
     converter = _STRING_CONVERSIONS.get(t)
     if converter is None:
         raise _FormatError(
@@ -1161,7 +1167,7 @@ def _format_clause(verb: str, precision: int | None, arg: Any) -> str:
     if verb in ("x", "X"):
         if t is str or t is bytes:
             data = arg.encode() if t is str else arg
-            text = data.hex()
+            text: str = data.hex()
             return text.upper() if verb == "X" else text
         if t is int or t is Uint:
             return _go_int_format(int(arg), verb)

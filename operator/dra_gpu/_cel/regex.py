@@ -316,9 +316,10 @@ class _Parser:
             if p[j] == "}":
                 hi = -1
             else:
-                hi, j = _parse_int(p, j)
-                if hi is None:
+                parsed, j = _parse_int(p, j)
+                if parsed is None:
                     return None
+                hi = parsed
                 if hi < 0:
                     lo = -1
         if j >= len(p) or p[j] != "}":

@@ -450,7 +450,7 @@ class _Planner:
         var_slot = self.new_slot()
         var2_slot = self.new_slot() if expr.iter_var2 is not None else -1
         self.scopes.append({expr.accu_var: (accu_slot, accu_init)})
-        loop_scope = {expr.iter_var: (var_slot, None)}
+        loop_scope: dict[str, tuple[int, _Fn | None]] = {expr.iter_var: (var_slot, None)}
         if expr.iter_var2 is not None:
             loop_scope[expr.iter_var2] = (var2_slot, None)
         self.scopes.append(loop_scope)

@@ -62,7 +62,7 @@ class Uint(int):
         return hash(("uint", int(self)))
 
     def __eq__(self, other: object) -> bool:
-        return int.__eq__(self, other)  # type: ignore[no-any-return]
+        return int.__eq__(self, other)
 
     def __repr__(self) -> str:
         return f"{int(self)}u"
@@ -250,7 +250,8 @@ def cel_equal(a: Any, b: Any) -> bool:
         return False
     if ta is float:
         if tb is float:
-            return a == b
+            same: bool = a == b
+            return same
         if tb is int or tb is Uint:
             return _equal_double_int(a, b)
         return False

@@ -120,27 +120,6 @@ def _checked_claim_uid(claim_uid: str) -> str:
     return claim_uid
 
 
-# --- environment conventions of the backends ----------------------------------------------------
-
-
-def nvml_device_env(uuid: str) -> dict[str, str]:
-    """Environment for a real NVIDIA GPU: ``NVIDIA_VISIBLE_DEVICES=<uuid>``.
-
-    Every device sets the same variable, so a container given two GPUs of one claim keeps only
-    one value; several GPUs per container need device nodes in the spec, not this variable.
-    """
-    return {"NVIDIA_VISIBLE_DEVICES": uuid}
-
-
-def simulated_device_env(index: int, device: str) -> dict[str, str]:
-    """Environment for a simulated GPU: ``GPU_DEVICE_<index>=<device>``.
-
-    One variable per device, so a container given several devices sees all of them; the
-    tutorial's workloads print these to show which GPU they got.
-    """
-    return {f"GPU_DEVICE_{index}": device}
-
-
 # --- spec content -------------------------------------------------------------------------------
 
 

@@ -48,11 +48,12 @@ import hashlib
 import json
 import os
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict, cast
 
 from dra_gpu.agent import cdi, files
+from dra_gpu.agent.claims import AllocatedDevice
 
 CHECKPOINT_VERSION: Final = "v1"
 """The version this agent writes."""
@@ -100,6 +101,33 @@ class PreparedClaim:
     """The CDI spec written for this claim, kept whole (treat as read-only). Writing it again
     after a reboot makes the recorded ``cdi_device_ids`` resolve again, even if the driver's
     configuration changed in between; None when no spec was needed."""
+
+
+def record_claim(
+    driver: str,
+    uid: str,
+    namespace: str,
+    name: str,
+    allocated: Iterable[AllocatedDevice],
+    spec: cdi.CdiSpec | None,
+) -> PreparedClaim:
+    """The record of a claim prepared with ``spec``: one entry for each allocated device that
+    the spec holds, with the CDI device ID that resolves to it there.
+
+    Prepare and the rebuild of a corrupt checkpoint (from the API server and the CDI directory)
+    both build the record here, so a change of the record is made once."""
+    in_spec = {d["name"] for d in spec["devices"]} if spec is not None else set()
+    devices = tuple(
+        PreparedDevice(
+            request_names=(a.base_request,),
+            pool=a.pool,
+            device=a.device,
+            cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.device),),
+        )
+        for a in allocated
+        if cdi.cdi_device_name(uid, a.device) in in_spec
+    )
+    return PreparedClaim(uid, namespace, name, devices, spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,7 +103,7 @@ async def _run(
         api=api,
         driver=settings.driver_name,
         node=settings.node_name,
-        backend_kind=settings.backend,
+        container_env=backend.container_env,
         cdi_dir=settings.cdi_dir,
         checkpoint_file=settings.checkpoint_file,
         inventory=publisher.inventory,
@@ -287,19 +287,7 @@ async def rebuild_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpo
             allocated = claims.allocated_devices(claim, ref, driver, node)
         except claims.ClaimError:
             continue
-        in_spec = {d["name"] for d in spec["devices"]}
-        devices = tuple(
-            checkpoint.PreparedDevice(
-                request_names=(a.base_request,),
-                pool=a.pool,
-                device=a.device,
-                cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.device),),
-            )
-            for a in allocated
-            if cdi.cdi_device_name(uid, a.device) in in_spec
-        )
-        if devices:
-            rebuilt = rebuilt.with_claim(
-                checkpoint.PreparedClaim(uid, ref.namespace, ref.name, devices, spec)
-            )
+        record = checkpoint.record_claim(driver, uid, ref.namespace, ref.name, allocated, spec)
+        if record.devices:
+            rebuilt = rebuilt.with_claim(record)
     return rebuilt

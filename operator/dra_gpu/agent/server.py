@@ -31,11 +31,10 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from dra_gpu.agent import checkpoint
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.state import DeviceState, PrepareFailed
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
@@ -56,59 +55,87 @@ SOCKET_CHECK_SECONDS = 2.0
 """How often ``keep_forever`` checks that our socket files are still ours (two ``stat`` calls)."""
 
 
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_PrepareResponse = TypeVar(
+    "_PrepareResponse", v1.NodePrepareResourcesResponse, v1beta1.NodePrepareResourcesResponse
+)
+_UnprepareResponse = TypeVar(
+    "_UnprepareResponse", v1.NodeUnprepareResourcesResponse, v1beta1.NodeUnprepareResourcesResponse
+)
+
+
 def _refs(claims: Sequence[v1.Claim] | Sequence[v1beta1.Claim]) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.name, ClaimUID(c.uid)) for c in claims]
 
 
-class _DraServicer:
-    """Both versions' servicer logic; ``pb`` is the generated module of one version."""
+async def _prepare(
+    state: DeviceState,
+    claims: Sequence[v1.Claim] | Sequence[v1beta1.Claim],
+    response: _PrepareResponse,
+) -> _PrepareResponse:
+    """Both versions' NodePrepareResources: the messages differ only in their package."""
+    for uid, result in (await state.prepare_all(_refs(claims))).items():
+        entry = response.claims[uid]
+        if isinstance(result, PrepareFailed):
+            entry.error = result.message
+            continue
+        for d in result.devices:
+            entry.devices.add(
+                request_names=list(d.request_names),
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+    return response
 
-    def __init__(self, state: DeviceState, pb: object) -> None:
+
+async def _unprepare(
+    state: DeviceState,
+    claims: Sequence[v1.Claim] | Sequence[v1beta1.Claim],
+    response: _UnprepareResponse,
+) -> _UnprepareResponse:
+    for uid, error in (await state.unprepare_all(_refs(claims))).items():
+        response.claims[uid].error = error.message if error is not None else ""
+    return response
+
+
+class DraServicerV1(v1_grpc.DRAPluginServicer):
+    """DRAPlugin v1: an adapter; the logic is in ``DeviceState``, shared by both versions."""
+
+    def __init__(self, state: DeviceState) -> None:
         self.state = state
-        self.pb = pb
 
-    async def NodePrepareResources(self, request, context):  # type: ignore[no-untyped-def]
-        pb = self.pb
-        results = await self.state.prepare_all(_refs(request.claims))
-        response = pb.NodePrepareResourcesResponse()  # type: ignore[attr-defined]
-        for uid, result in results.items():
-            entry = response.claims[uid]
-            if isinstance(result, PrepareFailed):
-                entry.error = result.message
-            else:
-                entry.devices.extend(_devices(pb, result))
-        return response
+    async def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: Context
+    ) -> v1.NodePrepareResourcesResponse:
+        response = v1.NodePrepareResourcesResponse()
+        return await _prepare(self.state, request.claims, response)
 
-    async def NodeUnprepareResources(self, request, context):  # type: ignore[no-untyped-def]
-        results = await self.state.unprepare_all(_refs(request.claims))
-        response = self.pb.NodeUnprepareResourcesResponse()  # type: ignore[attr-defined]
-        for uid, error in results.items():
-            entry = response.claims[uid]
-            if error is not None:
-                entry.error = error.message
-        return response
+    async def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: Context
+    ) -> v1.NodeUnprepareResourcesResponse:
+        response = v1.NodeUnprepareResourcesResponse()
+        return await _unprepare(self.state, request.claims, response)
 
 
-def _devices(pb: object, claim: checkpoint.PreparedClaim) -> list[object]:
-    return [
-        pb.Device(  # type: ignore[attr-defined]
-            request_names=list(d.request_names),
-            pool_name=d.pool,
-            device_name=d.device,
-            cdi_device_ids=list(d.cdi_device_ids),
-        )
-        for d in claim.devices
-    ]
+class DraServicerV1Beta1(v1beta1_grpc.DRAPluginServicer):
+    """DRAPlugin v1beta1: ``DraServicerV1`` with the older version's messages."""
 
-
-class DraServicerV1(_DraServicer, v1_grpc.DRAPluginServicer):
     def __init__(self, state: DeviceState) -> None:
-        super().__init__(state, v1)
+        self.state = state
 
+    async def NodePrepareResources(
+        self, request: v1beta1.NodePrepareResourcesRequest, context: Context
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        response = v1beta1.NodePrepareResourcesResponse()
+        return await _prepare(self.state, request.claims, response)
 
-class DraServicerV1Beta1(_DraServicer, v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, state: DeviceState) -> None:
-        super().__init__(state, v1beta1)
+    async def NodeUnprepareResources(
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Context
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        response = v1beta1.NodeUnprepareResourcesResponse()
+        return await _unprepare(self.state, request.claims, response)
 
 
 @dataclasses.dataclass
@@ -136,10 +163,12 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         )
         self.status = status
 
-    async def GetInfo(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetInfo(self, request: reg.InfoRequest, context: Context) -> reg.PluginInfo:
         return self.info
 
-    async def NotifyRegistrationStatus(self, request, context):  # type: ignore[no-untyped-def]
+    async def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: Context
+    ) -> reg.RegistrationStatusResponse:
         self.status.registered = request.plugin_registered
         self.status.error = request.error
         self.status.changed.set()

@@ -25,8 +25,10 @@ sockets taken over is ``retire``d (no writes at all, not even the snapshot at st
 ``resume``s from what the other left on disk if its sockets come back.
 
 This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
-servicers and never talks gRPC itself; ``status.devices`` writes go to a ``StatusWriter`` and do
-not delay the answer to the kubelet.
+servicers with ``Prepared`` (not the on-disk record) or ``PrepareFailed`` and never talks gRPC
+itself; ``status.devices`` writes go to a ``StatusSink`` and do not delay the answer to the
+kubelet. What a container sees of a device (its environment) is the backend's to say
+(``model.Backend.container_env``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dra_gpu import kube, metrics, opaque
 from dra_gpu.agent import cdi, checkpoint, claims, failpoints
@@ -56,6 +58,9 @@ tens of KiB resident, and as many requests at once on the API server)."""
 InventorySource = Callable[[bool], Awaitable[model.Inventory]]
 """Returns the node's inventory; ``True`` asks for a fresh read instead of the cached one."""
 
+ContainerEnv = Callable[[int, model.Device], Mapping[str, str]]
+"""A container's environment for the n-th device of a claim (``model.Backend.container_env``)."""
+
 
 @dataclasses.dataclass
 class _Pending:
@@ -69,13 +74,39 @@ class _Pending:
 
 
 @dataclasses.dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as the kubelet is told of it (its ``Device`` message)."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A claim prepared on this node: the answer for the kubelet, whatever the checkpoint keeps."""
+
+    devices: tuple[PreparedDevice, ...]
+
+    @classmethod
+    def of(cls, record: checkpoint.PreparedClaim) -> Prepared:
+        return cls(
+            tuple(
+                PreparedDevice(d.request_names, d.pool, d.device, d.cdi_device_ids)
+                for d in record.devices
+            )
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class PrepareFailed:
     """A per-claim failure, reported in the claim's ``error`` field."""
 
     message: str
 
 
-class StatusSink:
+class StatusSink(Protocol):
     """Where prepared devices' ``status.devices`` entries go (see ``status.StatusWriter``)."""
 
     def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
@@ -89,7 +120,7 @@ class DeviceState:
         api: kube.Kube,
         driver: str,
         node: str,
-        backend_kind: str,
+        container_env: ContainerEnv,
         cdi_dir: Path,
         checkpoint_file: Path,
         inventory: InventorySource,
@@ -98,7 +129,7 @@ class DeviceState:
         self.api = api
         self.driver = driver
         self.node = node
-        self.backend_kind = backend_kind
+        self._container_env = container_env
         self.cdi_dir = cdi_dir
         self.checkpoint_file = checkpoint_file
         self._inventory = inventory
@@ -230,22 +261,20 @@ class DeviceState:
 
     # ---- prepare -------------------------------------------------------------------------
 
-    async def prepare_all(
-        self, refs: Sequence[ClaimRef]
-    ) -> dict[str, checkpoint.PreparedClaim | PrepareFailed]:
+    async def prepare_all(self, refs: Sequence[ClaimRef]) -> dict[str, Prepared | PrepareFailed]:
         """Each claim on its own: one bad claim does not fail the others."""
         if len(refs) == 1:  # the usual request: no task needed
             return {refs[0].uid: await self.prepare(refs[0])}
         results = await asyncio.gather(*(self.prepare(ref) for ref in refs))
         return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
 
-    async def prepare(self, ref: ClaimRef) -> checkpoint.PreparedClaim | PrepareFailed:
+    async def prepare(self, ref: ClaimRef) -> Prepared | PrepareFailed:
         started = time.perf_counter()
         try:
             async with self._claim_lock(ref.uid):
-                prepared = await self._prepare(ref)
+                prepared = Prepared.of(await self._prepare(ref))
         except ClaimError as exc:
-            result: checkpoint.PreparedClaim | PrepareFailed = PrepareFailed(str(exc))
+            result: Prepared | PrepareFailed = PrepareFailed(str(exc))
         except Exception as exc:  # the kubelet gets an answer for every claim, always
             log.exception("prepare of claim %s failed", ref)
             result = PrepareFailed(f"ResourceClaim {ref}: {type(exc).__name__}: {exc}")
@@ -277,26 +306,16 @@ class DeviceState:
             raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
         devices = await self._inventory_devices(ref, allocated)
         spec_devices: list[tuple[str, dict[str, str]]] = []
-        prepared: list[checkpoint.PreparedDevice] = []
         for position, alloc in enumerate(allocated):
             device = devices[alloc.device]
-            env = {**self._device_env(position, device), **configs[alloc.request].container_env()}
+            env = {
+                **self._container_env(position, device),
+                **configs[alloc.request].container_env(),
+            }
             spec_devices.append((alloc.device, env))
-            prepared.append(
-                checkpoint.PreparedDevice(
-                    request_names=(alloc.base_request,),
-                    pool=alloc.pool,
-                    device=alloc.device,
-                    cdi_device_ids=(cdi.cdi_device_id(self.driver, ref.uid, alloc.device),),
-                )
-            )
         spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
-        record = checkpoint.PreparedClaim(
-            uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            devices=tuple(prepared),
-            cdi_spec=spec,
+        record = checkpoint.record_claim(
+            self.driver, ref.uid, ref.namespace, ref.name, allocated, spec
         )
         write_spec = None
         if spec is not None:
@@ -329,11 +348,6 @@ class DeviceState:
                 "removed after the claim was allocated"
             )
         return devices
-
-    def _device_env(self, position: int, device: model.Device) -> dict[str, str]:
-        if self.backend_kind == "nvml":
-            return cdi.nvml_device_env(device.uuid)
-        return cdi.simulated_device_env(position, device.name)
 
     def _status_entries(
         self, allocated: Sequence[claims.AllocatedDevice], devices: dict[str, model.Device]

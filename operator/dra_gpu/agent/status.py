@@ -17,12 +17,13 @@ from typing import Any, NoReturn
 
 from dra_gpu import kube
 from dra_gpu.agent.claims import ClaimRef
-from dra_gpu.agent.state import StatusSink
 
 log = logging.getLogger(__name__)
 
 
-class StatusWriter(StatusSink):
+class StatusWriter:
+    """The agent's ``state.StatusSink``: desired entries in, server-side applies out."""
+
     def __init__(
         self,
         api: kube.Kube,

@@ -275,9 +275,18 @@ class Inventory:
 
 
 class Backend(Protocol):
-    """Where an agent's devices come from. ``inventory`` never blocks the event loop."""
+    """Where an agent's devices come from. ``inventory`` never blocks the event loop.
+
+    A backend also says how a container sees a device it was given (``container_env``): the
+    agent puts that into the claim's CDI spec and knows no backend by name, so a new backend
+    is one new module here.
+    """
 
     async def inventory(self) -> Inventory: ...
+
+    def container_env(self, position: int, device: Device) -> dict[str, str]:
+        """Environment for a container given ``device``, the ``position``-th device of a claim."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -100,6 +100,14 @@ class NvmlBackend:
     async def inventory(self) -> model.Inventory:
         return await asyncio.to_thread(self._read_blocking)
 
+    def container_env(self, position: int, device: model.Device) -> dict[str, str]:
+        """``NVIDIA_VISIBLE_DEVICES=<uuid>``, which the NVIDIA container runtime reads.
+
+        Every device sets the same variable, so a container given two GPUs of one claim keeps
+        only one value; several GPUs per container need device nodes in the spec, not this
+        variable."""
+        return {"NVIDIA_VISIBLE_DEVICES": device.uuid}
+
     async def aclose(self) -> None:
         await asyncio.to_thread(self._shutdown_blocking)
 

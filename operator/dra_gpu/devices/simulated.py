@@ -89,6 +89,12 @@ class SimulatedBackend:
             self._profile = await asyncio.to_thread(load_profile, self._path)
         return self._profile.inventory(self.node)
 
+    def container_env(self, position: int, device: model.Device) -> dict[str, str]:
+        """``GPU_DEVICE_<position>=<device>``: one variable per device, so a container given
+        several devices sees all of them; the tutorial's workloads print these to show which
+        GPU they got."""
+        return {f"GPU_DEVICE_{position}": device.name}
+
     async def aclose(self) -> None:
         return None
 
