@@ -43,6 +43,7 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -239,7 +240,7 @@ def compute_keys(recipe: Recipe, epoch: int, busybox: Path) -> Keys:
 # Steps
 
 
-def _run(argv: Sequence[str | Path], **kw: object) -> None:
+def _run(argv: Sequence[str | Path], **kw: Any) -> None:
     subprocess.run([str(a) for a in argv], check=True, stdout=sys.stderr, **kw)
 
 
@@ -537,7 +538,7 @@ def main() -> int:
     workload = build_workload(cache, keys.workload, args.busybox, epoch)
     tmp = _fresh(out)
     path_env = [f"PATH={BASE_ENV['PATH']}"]
-    images = {
+    images: dict[str, tuple[str, list[oci.Layer], Mapping[str, Any]]] = {
         "dra-gpu.tar": (project_image, [base, deps, project], recipe.config),
         "pause.tar": (
             PAUSE_IMAGE,

@@ -31,7 +31,7 @@ import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -557,7 +557,9 @@ def write_layer(
             filename="", mode="wb", fileobj=blob, mtime=0, compresslevel=compresslevel
         )
         plain = _HashingWriter(gz)
-        with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        # A stream ("w|") only ever writes to its file object.
+        stream = cast(BinaryIO, plain)
+        with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for rel in rels:
                 if not rel:
                     continue
@@ -727,18 +729,22 @@ def read_oci_archive(path: Path) -> dict[str, Any]:
     ``{"name", "config", "manifest", "layers": [[member names]...]}``. For tests and checks."""
     with tarfile.open(path) as tar:
 
+        def member(name: str) -> bytes:
+            f = tar.extractfile(name)
+            if f is None:
+                raise ValueError(f"{path}: {name} is not a file")
+            return f.read()
+
         def blob(digest: str) -> bytes:
-            f = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
-            assert f is not None
-            data = f.read()
+            data = member(f"blobs/sha256/{digest.removeprefix('sha256:')}")
             if _sha(data) != digest:
                 raise ValueError(f"{path}: blob {digest} does not match its content")
             return data
 
-        layout = json.loads(tar.extractfile("oci-layout").read())
+        layout = json.loads(member("oci-layout"))
         if layout != {"imageLayoutVersion": "1.0.0"}:
             raise ValueError(f"{path}: bad oci-layout {layout}")
-        index = json.loads(tar.extractfile("index.json").read())
+        index = json.loads(member("index.json"))
         (desc,) = index["manifests"]
         manifest_blob = blob(desc["digest"])
         if len(manifest_blob) != desc["size"]:

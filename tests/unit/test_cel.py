@@ -83,7 +83,7 @@ def test_tutorial_manifests_select_gpu_0_and_not_gpu_1() -> None:
 
 
 def test_device_view_files_bare_names_under_the_driver_domain() -> None:
-    device = _gpu(**{"example.org/rack": {"string": "r1"}})
+    device = _gpu("24Gi", **{"example.org/rack": {"string": "r1"}})
     device["allowMultipleAllocations"] = True
 
     view = cel.device_view(DRIVER, device)
@@ -98,7 +98,7 @@ def test_device_view_files_bare_names_under_the_driver_domain() -> None:
 
 
 def test_driver_and_attributes_by_bare_and_qualified_names() -> None:
-    device = _gpu(**{"example.org/rack": {"string": "r1"}})
+    device = _gpu("24Gi", **{"example.org/rack": {"string": "r1"}})
     assert _true('device.driver == "gpu.example.com"', device)
     assert _true('device.attributes["gpu.example.com"].productName == "NVIDIA L4"', device)
     assert _true('device.attributes["gpu.example.com"].index == 0', device)

@@ -273,7 +273,8 @@ async def test_controller_waits_for_an_unreachable_api_server_and_says_so(
         assert proc.returncode is None, log.read_text()
         assert "connection refused; attempt 1, next in 1 s" in attempts()[0]
         assert "connection refused; attempt 2, next in 2 s" in attempts()[1]
-        status, text = await asyncio.to_thread(readyz, health) or (0, "")
+        answer = await asyncio.to_thread(readyz, health)
+        status, text = answer or (0, "")
         assert status == 503
         assert text.startswith(server)
         assert "connection refused" in text

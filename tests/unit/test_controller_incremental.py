@@ -10,6 +10,7 @@ from all the objects at once (``inventory.current_pools``, ``per_node``, ``expla
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import re
 from typing import Any
@@ -114,6 +115,10 @@ def classes(draw: st.DrawFn) -> Body:
     }
 
 
+def two_exact_requests(draw: st.DrawFn) -> list[Body]:
+    return [draw(exact_requests()) for _ in range(2)]
+
+
 @st.composite
 def exact_requests(draw: st.DrawFn) -> Body:
     request: Body = {"deviceClassName": draw(names(["c-0", "c-1", "c-2", "c-missing"]))}
@@ -128,13 +133,14 @@ def exact_requests(draw: st.DrawFn) -> Body:
 
 @st.composite
 def claims(draw: st.DrawFn) -> Body:
-    requests = []
+    requests: list[Body] = []
     for i in range(draw(st.integers(0, 2))):
         if draw(st.integers(0, 3)) == 0:
-            subs = [{"name": f"s{j}", **draw(exact_requests())} for j in range(2)]
+            subs = [{"name": f"s{j}", **sub} for j, sub in enumerate(two_exact_requests(draw))]
             requests.append({"name": f"r{i}", "firstAvailable": subs})
         else:
-            requests.append({"name": f"r{i}", "exactly": draw(exact_requests())})
+            exact: Body = draw(exact_requests())
+            requests.append({"name": f"r{i}", "exactly": exact})
     name = draw(names(["k-0", "k-1", "k-2"]))
     body: Body = {
         "metadata": {
@@ -316,11 +322,9 @@ def waiting_pods(claim: Body, pods: dict[str, Body]) -> list[Body]:
 def without_devices(explanation: explain.Explanation) -> explain.Explanation:
     def strip(r: explain.RequestExplanation) -> explain.RequestExplanation:
         subs = tuple(strip(s) for s in r.subrequests)
-        return explain.dataclasses.replace(r, devices=(), subrequests=subs)
+        return dataclasses.replace(r, devices=(), subrequests=subs)
 
-    return explain.dataclasses.replace(
-        explanation, requests=tuple(strip(r) for r in explanation.requests)
-    )
+    return dataclasses.replace(explanation, requests=tuple(strip(r) for r in explanation.requests))
 
 
 class Cluster:

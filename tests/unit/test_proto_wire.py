@@ -195,6 +195,11 @@ class Registration(registration_grpc.RegistrationServicer):
 
 
 class PrepareV1(dra_v1_grpc.DRAPluginServicer):
+    async def NodeUnprepareResources(
+        self, request: dra_v1.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
+        return dra_v1.NodeUnprepareResourcesResponse()
+
     async def NodePrepareResources(
         self, request: dra_v1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext
     ) -> dra_v1.NodePrepareResourcesResponse:
@@ -204,6 +209,11 @@ class PrepareV1(dra_v1_grpc.DRAPluginServicer):
 
 
 class PrepareV1beta1(dra_v1beta1_grpc.DRAPluginServicer):
+    async def NodeUnprepareResources(
+        self, request: dra_v1beta1.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
+        return dra_v1beta1.NodeUnprepareResourcesResponse()
+
     async def NodePrepareResources(
         self, request: dra_v1beta1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext
     ) -> dra_v1beta1.NodePrepareResourcesResponse:

@@ -63,8 +63,10 @@ _BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])
 class NvmlApi(Protocol):
     """The parts of the pynvml module this backend uses (tests pass a fake with the same names)."""
 
-    NVMLError: type[Exception]
-    NVML_ERROR_NOT_SUPPORTED: int
+    @property
+    def NVMLError(self) -> type[Exception]: ...  # read-only: a module's subclass fits
+    @property
+    def NVML_ERROR_NOT_SUPPORTED(self) -> int: ...
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
