@@ -112,7 +112,7 @@ async def make_claim(api: kube.Kube, base: str, namespace: str, i: int) -> v1.Cl
 
 
 async def one_at_a_time(
-    stub: v1_grpc.DRAPluginStub,
+    stub: v1_grpc.DRAPluginAsyncStub,
     claims: list[v1.Claim],
     api: kube.Kube | None = None,
     floor_dir: Path | None = None,
@@ -136,7 +136,7 @@ async def one_at_a_time(
     return timings
 
 
-async def empty_calls(stub: v1_grpc.DRAPluginStub, rounds: int) -> list[float]:
+async def empty_calls(stub: v1_grpc.DRAPluginAsyncStub, rounds: int) -> list[float]:
     """The transport alone: a prepare with no claims does no work in the agent."""
     timings = []
     for _ in range(rounds):
@@ -147,7 +147,7 @@ async def empty_calls(stub: v1_grpc.DRAPluginStub, rounds: int) -> list[float]:
 
 
 async def in_flight(
-    stub: v1_grpc.DRAPluginStub, claims: list[v1.Claim]
+    stub: v1_grpc.DRAPluginAsyncStub, claims: list[v1.Claim]
 ) -> tuple[dict[str, list[float]], int]:
     """Timings, and how many claims got an error (or no answer) from either call."""
     errors = 0
