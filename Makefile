@@ -45,9 +45,12 @@ nodebins:
 images:
 	@hack/build-images.sh >/dev/null
 
+# ruff, then mypy --strict and the import contracts (both configured in pyproject.toml).
 lint: venv
 	$(BIN)/ruff check operator tests hack benchmarks
 	$(BIN)/ruff format --check operator tests hack benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: venv
 	$(BIN)/ruff check --fix operator tests hack benchmarks
