@@ -332,6 +332,24 @@ def test_the_kubelets_event_is_read_as_a_prepare_failure() -> None:
     assert (failure.claim, failure.driver) == ("ns/c-1", None)
 
 
+def test_an_agent_that_does_not_answer_is_named() -> None:
+    claim = template_claim()
+    claim["status"] = allocated_claim("x", "gpu-0")["status"]
+    said = (
+        "NodePrepareResources: rpc error: code = Unavailable desc = connection error: desc = "
+        '"transport: Error while dialing: dial unix /var/lib/kubelet/plugins/gpu.example.com/'
+        'dra.sock: connect: no such file or directory"'
+    )
+    failure = explain.PrepareFailure(said, "node-01", "2026-01-01T10:00:00Z")
+    result = explain_tutorial(claim, pod=pending_pod(nodeName="node-01"), prepare_failure=failure)
+    assert result.reason == Reason.DRIVER_NOT_READY
+    assert result.message == (
+        "driver gpu.example.com on node-01 has not prepared the claim since "
+        f"2026-01-01T10:00:00Z; the kubelet says: {said} (the node agent of gpu.example.com on "
+        "node-01 does not answer: stopped, or restarting)"
+    )
+
+
 def test_a_failure_concerns_the_claims_of_the_driver_it_names() -> None:
     claim = allocated_claim("c-1", "gpu-0")
     claim["metadata"]["namespace"] = "ns"

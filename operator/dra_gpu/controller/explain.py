@@ -206,6 +206,9 @@ class PrepareFailure:
 
 _PREAMBLES = ("Failed to prepare dynamic resources: ", "prepare dynamic resources: ")
 _NOT_REGISTERED = re.compile(r"DRA driver (\S+) is not registered")
+_UNAVAILABLE = "code = Unavailable"
+"""gRPC's status when the kubelet cannot reach a registered plugin's socket (for 30 s after the
+plugin goes, the kubelet keeps it registered, in case it is only restarting)."""
 _FOR_CLAIM = re.compile(r"for claim ([a-z0-9.-]+/[a-z0-9.-]+)")
 
 
@@ -232,11 +235,15 @@ def driver_not_ready(failure: PrepareFailure, drivers: Sequence[str], node: str 
     if failure.since:
         text += f" since {failure.since}"
     text += f"; the kubelet says: {failure.message}"
+    on = f" on {where}" if where else ""
     if failure.driver is not None:
         text += (
-            f" (the node agent of {failure.driver} is not running"
-            f"{f' on {where}' if where else ''}, or has not registered with its kubelet yet)"
+            f" (the node agent of {failure.driver} is not running{on}, or has not registered "
+            "with its kubelet yet)"
         )
+    elif _UNAVAILABLE in failure.message:  # registered, but its socket does not answer
+        agents = ", ".join(drivers) or "the driver"
+        text += f" (the node agent of {agents}{on} does not answer: stopped, or restarting)"
     return _bounded(text)
 
 
