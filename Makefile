@@ -14,7 +14,7 @@ export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 .PHONY: help venv kubebins lint format test unit e2e matrix bench chart image reliability run cluster-up cluster-down protos clean
 
 help:
-	@echo "make run           local control plane + stand-in nodes, then the tutorial end to end"
+	@echo "make run           local control plane + 3 real nodes, the tutorial end to end, then helm install"
 	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
 	@echo "make matrix        the e2e suite against Kubernetes 1.35.4, 1.36.3 and 1.37.2 (long)"
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
@@ -86,8 +86,8 @@ $(PYDRA_VENV)/.installed:
 	$(PYDRA_VENV)/bin/pip install --quiet kubernetes-pydra==0.1.0
 	touch $@
 
-bench: venv kubebins $(PYDRA_VENV)/.installed
-	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python
+bench: venv kubebins nodebins images $(PYDRA_VENV)/.installed
+	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python $(NODE_ARGS)
 	$(BIN)/python benchmarks/bench_controller.py
 	$(BIN)/python benchmarks/bench_cel.py
 

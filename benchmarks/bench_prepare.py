@@ -1,6 +1,8 @@
 """Prepare + unprepare latency as the kubelet sees it, against the real API server.
 
-Starts the local control plane, one fake node, and the real agent process (simulated backend,
+Starts the local control plane, one real node (kubelet + containerd; ``--containerd-dir`` and
+``--images-dir`` from ``hack/build-containerd.sh`` and ``hack/build-images.sh``, as ``make
+bench`` passes them) and the real agent process registered with its kubelet (simulated backend,
 128 GPUs), creates claims whose allocation names the node's devices (written through the status
 subresource, as the scheduler would), then calls NodePrepareResources and NodeUnprepareResources
 over the agent's unix socket:
@@ -40,8 +42,7 @@ from dra_gpu import kube
 from dra_gpu.agent import files
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_gpu.testing import ControlPlane, DraSettings, KubeletStandIn
-from dra_gpu.testing._agent import AgentProcess
+from dra_gpu.testing import AgentProcess, ControlPlane, NodeRuntime, RealNode
 
 NODE = "bench-node"
 DRIVER = "gpu.example.com"
@@ -225,26 +226,26 @@ async def pydra(python: str, work: Path, claims: list[v1.Claim]) -> dict[str, li
 
 
 async def run(
-    cp: ControlPlane, work: Path, rounds: int, concurrent: list[int], pydra_python: str | None
+    cp: ControlPlane,
+    node: RealNode,
+    work: Path,
+    rounds: int,
+    concurrent: list[int],
+    pydra_python: str | None,
 ) -> None:
     profile = work / "profile.yaml"
     profile.write_text(
         f"nodes:\n  {NODE}:\n    devices:\n    - count: {DEVICES}\n      memory: 80Gi\n"
     )
-    async with (
-        await kube.Kube.connect(cp.kubeconfig) as api,
-        KubeletStandIn(api, [NODE], work / "kubelet", dra=DraSettings()) as kubelet,
-    ):
-        agent = AgentProcess(
-            NODE, cp.kubeconfig, kubelet.kubelet_dir(NODE), work / "agent", profile=profile
-        )
+    async with await kube.Kube.connect(cp.kubeconfig) as api:
+        agent = AgentProcess.on(node, cp.kubeconfig, work / "agent", profile=profile)
         await agent.astart()
         assert agent.pid is not None
         try:
             memory_ready = memory_mib(agent.pid)
             await api.create("/api/v1/namespaces", {"metadata": {"name": "bench"}})
             claims = await make_claims(api, "bench", max(rounds, *concurrent))
-            socket = f"unix://{kubelet.kubelet_dir(NODE)}/plugins/{DRIVER}/dra.sock"
+            socket = f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
             async with grpc.aio.insecure_channel(socket) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 await one_at_a_time(stub, claims[:5])  # warm up connections and caches
@@ -308,10 +309,15 @@ def main() -> int:
         help="comma-separated claim counts started together [default: 100,1000]",
     )
     parser.add_argument("--pydra-python", help="interpreter with kubernetes-pydra installed")
+    parser.add_argument("--containerd-dir", type=Path, required=True)
+    parser.add_argument("--images-dir", type=Path, required=True)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, ControlPlane() as cp:
-        (Path(tmp) / "floor").mkdir()
-        asyncio.run(run(cp, Path(tmp), args.rounds, args.in_flight, args.pydra_python))
+        work = Path(tmp)
+        (work / "floor").mkdir()
+        runtime = NodeRuntime.from_builds(cp.bin_dir, args.containerd_dir, args.images_dir)
+        with RealNode(cp, NODE, 1, work / "node", runtime) as node:
+            asyncio.run(run(cp, node, work, args.rounds, args.in_flight, args.pydra_python))
     return 0
 
 

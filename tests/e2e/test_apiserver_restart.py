@@ -1,12 +1,15 @@
 """An API server restart mid-run: the agent and the controller resume their watches on their
 own (no restart of theirs), no slice is duplicated or lost, and the cluster works on.
 
-Runs on a control plane of its own, since it stops the API server.
+Runs on a control plane of its own with two real nodes of its own, since it stops the API
+server (the kubelets reconnect on their own too).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -16,12 +19,13 @@ from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,
     ControlPlane,
-    DraSettings,
-    KubeletStandIn,
+    NodeRuntime,
+    RealNode,
     eventually,
+    start_nodes,
 )
 from tests.e2e import helpers
-from tests.e2e.helpers import EXAMPLES
+from tests.e2e.helpers import EXAMPLES, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 NODES = ("node-01", "node-02")
@@ -35,34 +39,38 @@ def own_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cont
 
 @pytest_asyncio.fixture
 async def world(
-    own_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    own_control_plane: ControlPlane, node_runtime: NodeRuntime, short_path: Path
 ) -> AsyncIterator[tuple[kube.Kube, list[AgentProcess], ControllerProcess]]:
     cp = own_control_plane
-    tmp_path = tmp_path_factory.mktemp("r")  # short: unix socket paths are limited
-    async with (
-        await kube.Kube.connect(cp.kubeconfig) as api,
-        KubeletStandIn(api, NODES, tmp_path / "kubelet", dra=DraSettings(retry_seconds=1)) as kl,
-    ):
-        agents = [
-            AgentProcess(
-                n,
-                cp.kubeconfig,
-                kl.kubelet_dir(n),
-                kl.kubelet_dir(n),
-                profile=EXAMPLES / "profile-tutorial.yaml",
+    nodes = [
+        RealNode(cp, name, index, short_path / name, node_runtime)
+        for index, name in enumerate(NODES, start=1)
+    ]
+    await asyncio.to_thread(start_nodes, nodes)
+    try:
+        async with await kube.Kube.connect(cp.kubeconfig) as api:
+            agents = [
+                AgentProcess.on(
+                    node,
+                    cp.kubeconfig,
+                    short_path / f"agent-{node.name}",
+                    profile=EXAMPLES / "profile-tutorial.yaml",
+                )
+                for node in nodes
+            ]
+            controller = ControllerProcess(
+                "restart-ctl", cp.kubeconfig, short_path / "ctl", lease_seconds=4, resync_seconds=2
             )
-            for n in NODES
-        ]
-        controller = ControllerProcess(
-            "restart-ctl", cp.kubeconfig, tmp_path / "ctl", lease_seconds=4, resync_seconds=2
-        )
-        for process in (*agents, controller):
-            await process.astart()
-        try:
-            yield api, agents, controller
-        finally:
             for process in (*agents, controller):
-                process.stop()
+                await process.astart()
+            try:
+                yield api, agents, controller
+            finally:
+                for process in (*agents, controller):
+                    process.stop()
+    finally:
+        for node in nodes:
+            await asyncio.to_thread(node.stop)
 
 
 async def slice_names(api: kube.Kube) -> list[str]:
@@ -112,9 +120,7 @@ async def test_agents_and_controller_survive_an_api_server_restart(
             "metadata": {"name": "p"},
             "spec": {
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-                ],
+                "containers": [workload(claims=["gpu"])],
             },
         },
     )

@@ -2,9 +2,10 @@
 its service accounts can do what the code needs and no more, the admission policy keeps each
 agent to its own node's ResourceSlices, and upgrade and uninstall leave nothing behind.
 
-No kubelet runs containers here, so nothing waits for pods (no `--wait`); the identities are
-exercised with real tokens from the TokenRequest API instead. The schema check is the API
-server itself (`kubectl apply --dry-run=server`): no network for kubeconform's schemas here.
+The nodes are real (kubelet + containerd, the chart's image imported): the releases' agent and
+controller pods really run. The identities are exercised with real tokens from the
+TokenRequest API, bound to pods as the kubelet's would be. The schema check is the API server
+itself (`kubectl apply --dry-run=server`): no network for kubeconform's schemas here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest_asyncio
 import yaml
 
 from dra_gpu import kube
-from dra_gpu.testing import ControlPlane, KubeletStandIn, eventually
+from dra_gpu.testing import ControlPlane, RealNode, eventually
 from tests.e2e import helpers
 
 pytestmark = pytest.mark.e2e
@@ -164,10 +165,10 @@ async def gone(api: kube.Kube, path: str) -> bool:
 
 @pytest_asyncio.fixture(scope="module")
 async def release(
-    helm: helpers.Helm, api: kube.Kube, kubelet: KubeletStandIn
+    helm: helpers.Helm, api: kube.Kube, nodes: list[RealNode]
 ) -> AsyncIterator[Release]:
-    # The kubelet stand-in keeps node-01/node-02 real Nodes, runs the pod our agent token is
-    # bound to, and completes the deletion of the chart's pods after uninstall.
+    # The real nodes run the chart's pods and the pod our agent token is bound to, and
+    # complete the deletion of the chart's pods after uninstall.
     installed = await install(helm, api)
     yield installed
     await remove(helm, api, installed)
@@ -204,7 +205,7 @@ async def agent_pod_on(api: kube.Kube, release: Release, node: str) -> kube.Body
             "spec": {
                 "nodeName": node,
                 "serviceAccountName": release.agent_sa,
-                "containers": [{"name": "agent", "image": "registry.invalid/agent:none"}],
+                "containers": [helpers.workload("agent")],
             },
         },
     )
@@ -475,7 +476,7 @@ async def test_agent_has_exactly_the_access_the_code_needs(
 
 
 async def test_upgrade_and_uninstall_leave_only_what_the_user_made(
-    helm: helpers.Helm, api: kube.Kube, kubelet: KubeletStandIn, tmp_path: Path
+    helm: helpers.Helm, api: kube.Kube, nodes: list[RealNode], tmp_path: Path
 ) -> None:
     release = await install(helm, api)
     extra_class = f"{release.device_class}-big"

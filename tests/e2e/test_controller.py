@@ -17,7 +17,7 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.controller.reporter import COMPONENT
 from dra_gpu.testing import ControllerProcess, ControlPlane, eventually
-from tests.e2e.helpers import EXAMPLES, Kubectl
+from tests.e2e.helpers import EXAMPLES, Kubectl, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 
@@ -75,9 +75,7 @@ async def claim_with_pod(api: kube.Kube, ns: str, name: str, selector: str | Non
             "metadata": {"name": name},
             "spec": {
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-                ],
+                "containers": [workload(claims=["gpu"])],
             },
         },
     )
@@ -116,16 +114,23 @@ async def test_each_tutorial_state_is_explained_on_the_claim_once(
         return bool(claims and claims[0].get("status", {}).get("allocation"))
 
     await eventually(allocated, what="claim allocated")
-    posted = await controller_events(api, ns)
-    reasons = [e["reason"] for e in posted]
-    assert len(posted) == 2, "one event per reason, none after the claim was allocated"
-    assert all(e.get("count", 1) == 1 for e in posted)
-    assert reasons[0] != reasons[1]
-    # Step 4: no driver registered; the kubelet's failures are counted.
+    # Step 4: no driver registered on node-01: the real kubelet's prepare fails, the failure
+    # is counted and explained on the claim as the driver piece, naming the node.
     await eventually(
         lambda: controller.metric_value("dra_gpu_prepare_failures_total") > failures_before,
         what="the kubelet's FailedPrepareDynamicResources counted",
     )
+    driver = await eventually(
+        lambda: explained(api, ns, "DRA driver gpu.example.com is not registered"),
+        what="the driver piece explained",
+    )
+    assert "gpu.example.com on node-01" in driver["message"]
+    await asyncio.sleep(3)  # a few more of the controller's passes (resync every 2 s)
+    posted = await controller_events(api, ns)
+    reasons = [e["reason"] for e in posted]
+    assert len(posted) == 3, "one event per reason"
+    assert all(e.get("count", 1) == 1 for e in posted)
+    assert len(set(reasons)) == 3, reasons
 
 
 async def test_a_taken_gpu_0_and_a_too_small_gpu_1_are_both_named(

@@ -1,4 +1,4 @@
-"""Crash consistency: prepare/unprepare cycles through the kubelet stand-in while the agent is
+"""Crash consistency: prepare/unprepare cycles through a real kubelet while the agent is
 SIGKILLed at random moments, from outside and at its own crash points (``DRA_GPU_FAILPOINTS``:
 between the CDI spec and the checkpoint writes, after a spec deletion, before an answer).
 
@@ -15,14 +15,14 @@ import dataclasses
 import os
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 
-import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.agent import cdi, checkpoint, failpoints
-from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
-from tests.e2e.helpers import RESOURCE, exists, gpu_nodes
+from dra_gpu.testing import AgentProcess, ControlPlane, NodeRuntime, RealNode, eventually
+from tests.e2e.helpers import RESOURCE, Kubectl, exists, gpu_env, gpu_nodes, workload
 
 FULL = os.environ.get("DRA_GPU_LOAD") == "full"
 CYCLES = 500 if FULL else 40
@@ -43,14 +43,20 @@ class Tally:
 
 @pytest_asyncio.fixture
 async def crash_node(
-    api: kube.Kube, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[tuple[KubeletStandIn, AgentProcess]]:
-    root = tmp_path_factory.mktemp("c")
+    api: kube.Kube, control_plane: ControlPlane, node_runtime: NodeRuntime, short_path: Path
+) -> AsyncIterator[tuple[RealNode, AgentProcess]]:
     env = {failpoints.ENV: CRASH_POINTS}
     async with gpu_nodes(
-        api, control_plane, root, [NODE], gpus=8, device_class=CLASS, agent_env=env
-    ) as (kubelet, agents):
-        yield kubelet, agents[0]
+        api,
+        control_plane,
+        node_runtime,
+        short_path,
+        [NODE],
+        gpus=8,
+        device_class=CLASS,
+        agent_env=env,
+    ) as (nodes, agents):
+        yield nodes[0], agents[0]
 
 
 def pod(name: str, claim: kube.Body) -> kube.Body:
@@ -59,7 +65,7 @@ def pod(name: str, claim: kube.Body) -> kube.Body:
         "spec": {
             "nodeSelector": {"dra-gpu.io/pool": CLASS},
             "resourceClaims": [{"name": "gpu", **claim}],
-            "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [workload(claims=["gpu"])],
         },
     }
 
@@ -102,9 +108,7 @@ async def allocated_device(api: kube.Kube, ns: str, pod_name: str) -> tuple[str,
     return claim["metadata"]["uid"], result["device"]
 
 
-async def run_pod(
-    api: kube.Kube, kubelet: KubeletStandIn, ns: str, name: str, claim: kube.Body
-) -> str:
+async def run_pod(api: kube.Kube, kubectl: Kubectl, ns: str, name: str, claim: kube.Body) -> str:
     """Create the pod, wait until it runs, check its container got its device; returns the
     claim's UID."""
     await api.create(f"/api/v1/namespaces/{ns}/pods", pod(name, claim))
@@ -115,7 +119,7 @@ async def run_pod(
 
     await eventually(running, timeout=180, interval=0.2, what=f"pod {name} Running")
     uid, device = await allocated_device(api, ns, name)
-    env = kubelet.dra.container_env(ns, name, "c")
+    env = await gpu_env(kubectl, ns, name)
     assert env.get("GPU_DEVICE_0") == device, f"pod {name} runs with {env}, allocated {device}"
     return uid
 
@@ -131,9 +135,9 @@ async def delete_pod(api: kube.Kube, ns: str, name: str) -> None:
 
 
 async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothing(
-    api: kube.Kube, namespace: str, crash_node: tuple[KubeletStandIn, AgentProcess]
+    api: kube.Kube, kubectl: Kubectl, namespace: str, crash_node: tuple[RealNode, AgentProcess]
 ) -> None:
-    kubelet, agent = crash_node
+    node, agent = crash_node
     ns = namespace
     one_gpu = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}
     await api.create(
@@ -162,7 +166,7 @@ async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothin
         while tally.cycles < CYCLES:
             name = f"w{number}-{round_}"
             round_ += 1
-            await run_pod(api, kubelet, ns, name, claim_of(number))
+            await run_pod(api, kubectl, ns, name, claim_of(number))
             await delete_pod(api, ns, name)
             tally.cycles += 1
 
@@ -185,7 +189,7 @@ async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothin
     await agent.astart()
     in_use = set(
         await asyncio.gather(
-            *(run_pod(api, kubelet, ns, f"last-{n}", claim_of(n)) for n in range(WORKERS))
+            *(run_pod(api, kubectl, ns, f"last-{n}", claim_of(n)) for n in range(WORKERS))
         )
     )
     assert set(checkpoint.read_checkpoint(agent.checkpoint_file).claims) == in_use
@@ -212,4 +216,4 @@ async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothin
         return all(not c.get("status", {}).get("devices") for c in claims)
 
     await eventually(no_device_status_left, timeout=60, what="no status.devices entry left")
-    assert kubelet.dra.prepared_claims(NODE) == {}
+    assert node.prepared_claims() == {}, "the kubelet holds no claim either"

@@ -1,4 +1,4 @@
-"""Load: many pods with claims at once across many stand-in nodes, more pods than GPUs.
+"""Load: many pods with claims at once across many real nodes, more pods than GPUs.
 
 Every pod the scheduler places must end up Running (prepared by its node's agent), every
 over-subscribed one must be explained by the controller, and deleting them all must unprepare
@@ -13,20 +13,14 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
-import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.agent import cdi, checkpoint
-from dra_gpu.testing import (
-    AgentProcess,
-    ControllerProcess,
-    ControlPlane,
-    KubeletStandIn,
-    eventually,
-)
-from tests.e2e.helpers import events_of, gpu_nodes
+from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, NodeRuntime, eventually
+from tests.e2e.helpers import events_of, gpu_nodes, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 FULL = os.environ.get("DRA_GPU_LOAD") == "full"
@@ -37,13 +31,14 @@ CLASS = "dra-gpu-load"
 
 
 @pytest_asyncio.fixture
-async def load_nodes(
-    api: kube.Kube, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[tuple[KubeletStandIn, list[AgentProcess]]]:
+async def load_agents(
+    api: kube.Kube, control_plane: ControlPlane, node_runtime: NodeRuntime, short_path: Path
+) -> AsyncIterator[list[AgentProcess]]:
     names = [f"load-{i:02d}" for i in range(NODES)]
-    root = tmp_path_factory.mktemp("load")
-    async with gpu_nodes(api, control_plane, root, names, gpus=GPUS, device_class=CLASS) as nodes:
-        yield nodes
+    async with gpu_nodes(
+        api, control_plane, node_runtime, short_path, names, gpus=GPUS, device_class=CLASS
+    ) as (_, agents):
+        yield agents
 
 
 def pod(i: int) -> kube.Body:
@@ -52,7 +47,7 @@ def pod(i: int) -> kube.Body:
         "spec": {
             "nodeSelector": {"dra-gpu.io/pool": CLASS},
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-            "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [workload(claims=["gpu"])],
         },
     }
 
@@ -61,9 +56,9 @@ async def test_more_pods_than_gpus_all_placed_ones_run_the_rest_are_explained_no
     api: kube.Kube,
     namespace: str,
     controller: ControllerProcess,
-    load_nodes: tuple[KubeletStandIn, list[AgentProcess]],
+    load_agents: list[AgentProcess],
 ) -> None:
-    _, agents = load_nodes
+    agents = load_agents
     ns = namespace
     await api.create(
         f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates",

@@ -1,28 +1,42 @@
-"""The test kit itself: fake nodes the real scheduler binds to, pods the stand-in runs and
-deletes, and a background cluster that starts once and stops without leaving a process."""
+"""The test kit itself: real nodes the scheduler binds to and whose kubelets run pods, and a
+background cluster (``make cluster-up``) that starts once, is reused, and leaves nothing on the
+host: not after ``cluster_down`` (``make cluster-down``), and not after a killed run — mounts,
+processes, network interfaces and cgroups compared with what was there before. A killed run's
+cgroups are empty directories the kernel cannot remove by itself; the next start of a node
+removes them (``RealNode.start``)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 from dra_gpu import kube
-from dra_gpu.testing import ControlPlane, KubeletStandIn, cluster_down, cluster_up, eventually
-from dra_gpu.testing._kubelet import NOT_READY_TAINT
+from dra_gpu.testing import (
+    ControlPlane,
+    NodeRuntime,
+    RealNode,
+    cluster_down,
+    cluster_up,
+    eventually,
+)
+from dra_gpu.testing._node import _hierarchies, _remove_orphaned_cgroups
+from tests.e2e.helpers import workload
+
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
-async def test_stand_in_nodes_are_ready_untainted_and_renew_their_leases(
-    api: kube.Kube, kubelet: KubeletStandIn
+async def test_real_nodes_are_ready_untainted_and_renew_their_leases(
+    api: kube.Kube, nodes: list[RealNode]
 ) -> None:
-    for name in kubelet.nodes:
-        node = await api.get(f"/api/v1/nodes/{name}")
+    for real in nodes:
+        node = await api.get(f"/api/v1/nodes/{real.name}")
         ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
         assert NOT_READY_TAINT not in {t["key"] for t in node["spec"].get("taints") or []}
-        assert node["status"]["allocatable"]["pods"] == "110"
-        assert (kubelet.kubelet_dir(name) / "plugins_registry").is_dir()
-        assert (kubelet.kubelet_dir(name) / "plugins").is_dir()
+        assert node["status"]["addresses"][0]["address"] == real.address
+        assert (real.kubelet_dir / "plugins_registry").is_dir()
     lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-01"
     first = (await api.get(lease_path))["spec"]["renewTime"]
 
@@ -33,7 +47,7 @@ async def test_stand_in_nodes_are_ready_untainted_and_renew_their_leases(
 
 
 async def test_pod_without_claims_runs_on_its_node_and_its_deletion_completes(
-    api: kube.Kube, kubelet: KubeletStandIn, namespace: str
+    api: kube.Kube, namespace: str
 ) -> None:
     pods = f"/api/v1/namespaces/{namespace}/pods"
     await api.create(
@@ -42,7 +56,7 @@ async def test_pod_without_claims_runs_on_its_node_and_its_deletion_completes(
             "metadata": {"name": "plain"},
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "node-02"},
-                "containers": [{"name": "c", "image": "registry.example/plain:1"}],
+                "containers": [workload()],
             },
         },
     )
@@ -56,6 +70,7 @@ async def test_pod_without_claims_runs_on_its_node_and_its_deletion_completes(
     ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
     assert ready["Ready"] == "True"
     assert pod["status"]["containerStatuses"][0]["state"]["running"]
+    assert pod["status"]["podIP"].startswith("198.19.2."), "from node-02's pod subnet"
 
     await api.delete(f"{pods}/plain")  # graceful: only a kubelet can finish it
 
@@ -69,60 +84,113 @@ async def test_pod_without_claims_runs_on_its_node_and_its_deletion_completes(
     await eventually(gone, what="pod plain deleted")
 
 
-def _pids_alive(pids: list[int]) -> list[int]:
+def mounts() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
+def interfaces() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+
+
+def cgroups_of(pid: int) -> list[Path]:
+    return [p for h in _hierarchies() for p in h.glob(f"dra-gpu.{pid}.*")]
+
+
+def in_pid_namespace(namespace: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "pid") == namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def node_namespaces(state: Path) -> list[str]:
+    """The PID namespaces of the cluster's nodes, read from their first processes."""
+    found = []
+    for unshare in Path("/proc").iterdir():
+        if not unshare.name.isdigit():
+            continue
+        try:
+            cmdline = (unshare / "cmdline").read_bytes()
+            if b"_node_init.py" in cmdline and str(state).encode() in cmdline:
+                found.append(os.readlink(unshare / "ns" / "pid"))
+        except OSError:
+            continue
+    return sorted(set(found) - {os.readlink("/proc/self/ns/pid")})
+
+
+def _alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
             continue
-        stat = Path(f"/proc/{pid}/stat").read_text()
         if stat.rsplit(")", 1)[1].split()[0] != "Z":
             alive.append(pid)
     return alive
 
 
 def _children(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children]
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-async def test_cluster_up_reuses_a_running_cluster_and_cluster_down_leaves_no_process(
-    control_plane: ControlPlane, tmp_path: Path
+def start(state: Path, control_plane: ControlPlane, runtime: NodeRuntime) -> int:
+    cluster_up(state, control_plane.bin_dir, ["node-01", "node-02"], runtime=runtime)
+    return int((state / "supervisor.pid").read_text())
+
+
+async def test_cluster_up_reuses_a_running_cluster_and_cluster_down_leaves_nothing(
+    control_plane: ControlPlane, node_runtime: NodeRuntime, tmp_path: Path
 ) -> None:
+    before_mounts, before_links = mounts(), interfaces()
     state = tmp_path / "cluster"
-    env = cluster_up(state, control_plane.bin_dir, ["node-01"])
+    env = cluster_up(state, control_plane.bin_dir, ["node-01", "node-02"], runtime=node_runtime)
     supervisor = int((state / "supervisor.pid").read_text())
     started = [supervisor, *_children(supervisor)]
-    assert len(started) == 5, "supervisor, etcd, apiserver, controller-manager, scheduler"
-    assert env.kubeconfig.exists()
     assert env.exports().startswith(f"export KUBECONFIG={env.kubeconfig}\n")
-
-    assert cluster_up(state, control_plane.bin_dir, ["node-01"]) == env
+    assert cluster_up(state, control_plane.bin_dir, ["node-01"], runtime=None) == env, "reused"
     assert int((state / "supervisor.pid").read_text()) == supervisor
-
     async with await kube.Kube.connect(env.kubeconfig) as api:
-        node = await api.get("/api/v1/nodes/node-01")
-        assert node["metadata"]["name"] == "node-01"
+        listed = await api.get("/api/v1/nodes")
+        assert sorted(n["metadata"]["name"] for n in listed["items"]) == ["node-01", "node-02"]
 
+    namespaces = node_namespaces(state)
+    assert len(namespaces) == 2, "a PID namespace per node"
+    assert cgroups_of(supervisor)
     assert cluster_down(state)
-    assert _pids_alive(started) == []
+    assert _alive(started) == []
+    assert all(in_pid_namespace(ns) == [] for ns in namespaces)
+    assert cgroups_of(supervisor) == []
+    assert mounts() == before_mounts
+    assert interfaces() == before_links
     assert not state.exists()
     assert not cluster_down(state)
 
 
-async def test_control_plane_dies_with_a_killed_supervisor(
-    control_plane: ControlPlane, tmp_path: Path
+async def test_a_killed_run_leaves_only_cgroups_that_the_next_start_removes(
+    control_plane: ControlPlane, node_runtime: NodeRuntime, tmp_path: Path
 ) -> None:
+    before_mounts, before_links = mounts(), interfaces()
     state = tmp_path / "cluster"
-    cluster_up(state, control_plane.bin_dir, ["node-01"])
-    supervisor = int((state / "supervisor.pid").read_text())
+    supervisor = start(state, control_plane, node_runtime)
     children = _children(supervisor)
-    assert len(children) == 4
+    namespaces = node_namespaces(state)
     os.kill(supervisor, signal.SIGKILL)
+    # Its control plane and nodes die with it (parent-death signal; a node's PID namespace
+    # goes with its first process).
     await eventually(
-        lambda: _pids_alive([supervisor, *children]) == [],
-        timeout=30,
-        what="control plane processes gone",
+        lambda: _alive(children) == [] and all(in_pid_namespace(ns) == [] for ns in namespaces),
+        timeout=60,
+        what="every process of the control plane and the nodes gone",
     )
+    assert mounts() == before_mounts
+    assert interfaces() == before_links
+    assert cgroups_of(supervisor), "a killed run cannot remove its cgroups"
+    _remove_orphaned_cgroups()  # what the next RealNode.start does first
+    assert cgroups_of(supervisor) == []
     assert not cluster_down(state)

@@ -35,11 +35,6 @@ async def tutorial_cluster_objects(api: kube.Kube, helm: Helm) -> AsyncIterator[
     await api.delete(f"{RESOURCE}/resourceslices/nodo-simulado-gpu")
 
 
-@pytest_asyncio.fixture(scope="session")
-async def helm(control_plane: ControlPlane) -> Helm:
-    return Helm(control_plane)
-
-
 async def test_resource_api_group_has_the_four_dra_kinds(kubectl: Kubectl) -> None:
     out = await kubectl("api-resources", "--api-group=resource.k8s.io", "--no-headers")
     kinds = {line.split()[-1] for line in out.splitlines() if line.strip()}

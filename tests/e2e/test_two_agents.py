@@ -1,13 +1,13 @@
 """Two agents of one driver on one node: no fight over the pool.
 
-Both run as real processes (``python -m dra_gpu agent``) against the same node of the kubelet
-stand-in, with the same kubelet directory, as two DaemonSets with one driver name would, but
-different device profiles, so that each finds the other's pool wrong. The one the kubelet
-registered last keeps publishing; the other backs off exponentially, both say why (log, Warning
-Event on the Node, metrics), and once the winner stops, the other takes over. With the same
-CDI and checkpoint directories too (two releases with the chart's default host paths), what
-the winner prepared is the other's to unprepare once it takes over, and the loser writes
-nothing there meanwhile.
+Both run as real processes (``python -m dra_gpu agent``) for the same real node, registered
+with its kubelet through the same kubelet directory, as two DaemonSets with one driver name
+would, but different device profiles, so that each finds the other's pool wrong. The one the
+kubelet registered last keeps publishing; the other backs off exponentially, both say why
+(log, Warning Event on the Node, metrics), and once the winner stops, the other takes over.
+With the same CDI and checkpoint directories too (two releases with the chart's default host
+paths), what the winner prepared is the other's to unprepare once it takes over, and the loser
+writes nothing there meanwhile.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dra_gpu import kube, slices
 from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_gpu.testing import AgentProcess, ControlPlane, KubeletStandIn, eventually
+from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
 
 NODE = "node-03"
 DRIVER = "gpu.example.com"
@@ -36,7 +36,10 @@ Pair = tuple[AgentProcess, AgentProcess]
 
 @pytest_asyncio.fixture
 async def agent_pair(
-    control_plane: ControlPlane, kubelet: KubeletStandIn, api: kube.Kube, tmp_path: Path
+    control_plane: ControlPlane,
+    node_named: dict[str, RealNode],
+    api: kube.Kube,
+    tmp_path: Path,
 ) -> AsyncIterator[Callable[..., Pair]]:
     """Two agents for one node, 2 and 3 GPUs, not started; ``shared=True``: one CDI and one
     checkpoint directory for both."""
@@ -52,7 +55,7 @@ async def agent_pair(
             agent = AgentProcess(
                 NODE,
                 control_plane.kubeconfig,
-                kubelet.kubelet_dir(NODE),
+                node_named[NODE].kubelet_dir,
                 tmp_path / name,
                 profile=profile,
                 resync_seconds=5.0,
@@ -190,10 +193,8 @@ async def allocated_claim(api: kube.Kube, namespace: str, device: str) -> v1.Cla
     return v1.Claim(namespace=namespace, name="gpu", uid=created["metadata"]["uid"])
 
 
-async def call(
-    kubelet: KubeletStandIn, method: str, claim: v1.Claim
-) -> v1.NodePrepareResourceResponse:
-    socket = f"unix://{kubelet.kubelet_dir(NODE)}/plugins/{DRIVER}/dra.sock"
+async def call(node: RealNode, method: str, claim: v1.Claim) -> v1.NodePrepareResourceResponse:
+    socket = f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
     async with grpc.aio.insecure_channel(socket) as channel:
         stub = v1_grpc.DRAPluginStub(channel)
         if method == "prepare":
@@ -211,11 +212,12 @@ async def call(
 
 async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool(
     api: kube.Kube,
-    kubelet: KubeletStandIn,
+    node_named: dict[str, RealNode],
     namespace: str,
     agent_pair: Callable[..., Pair],
     tmp_path: Path,
 ) -> None:
+    node = node_named[NODE]
     first, second = agent_pair(shared=True)
     await first.astart()
     await second.astart()
@@ -224,7 +226,7 @@ async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool
     await eventually(lambda: "no longer writing" in log_of(first), what="the first agent retired")
 
     claim = await allocated_claim(api, namespace, "gpu-0")
-    prepared = await call(kubelet, "prepare", claim)  # the kubelet calls the second one
+    prepared = await call(node, "prepare", claim)  # as the kubelet would: the second one
     cdi_dir, recorded = tmp_path / "host" / "cdi", tmp_path / "host" / "checkpoint"
     assert set(cdi.list_claim_specs(cdi_dir, DRIVER)) == {claim.uid}
     assert set(checkpoint.read_checkpoint(recorded / "checkpoint.json").claims) == {claim.uid}
@@ -232,8 +234,8 @@ async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool
     # The second one goes; the first one takes over the sockets, the pool, and the claim.
     second.stop()
     await eventually(lambda: owned_by(api, 2, one), timeout=60, what="the first agent's pool")
-    again = await call(kubelet, "prepare", claim)
+    again = await call(node, "prepare", claim)
     assert again == prepared, "answered from the checkpoint the second agent left"
-    await call(kubelet, "unprepare", claim)
+    await call(node, "unprepare", claim)
     assert cdi.list_claim_specs(cdi_dir, DRIVER) == {}
     assert checkpoint.read_checkpoint(recorded / "checkpoint.json").claims == {}

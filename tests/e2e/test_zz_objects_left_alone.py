@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dra_gpu import kube
 from dra_gpu.testing import ControllerProcess, eventually
+from tests.e2e.helpers import workload
 
 KOPF_MARK = "kopf.zalando.org"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -41,9 +42,7 @@ async def test_no_kopf_annotations_or_finalizers_on_pods_claims_or_classes(
                 "metadata": {"name": "left"},
                 "spec": {
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "left"}],
-                    "containers": [
-                        {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-                    ],
+                    "containers": [workload(claims=["gpu"])],
                 },
             },
         )

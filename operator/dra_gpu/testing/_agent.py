@@ -40,9 +40,6 @@ class DraGpuProcess:
     run_as: int | None = None
     """Run under this uid and gid, without supplementary groups and without ``HOME``, ``USER``
     and ``LOGNAME`` (an image's user that has no passwd entry); default: ours."""
-    detached: bool = False
-    """Outlive this process (``make run``): own session, no parent-death signal; the PID is
-    in ``<name>.pid`` for ``stop_detached``."""
     _popen: subprocess.Popen[bytes] | None = None
     _picked_ports: bool = False
     _log_start: int = 0
@@ -58,10 +55,6 @@ class DraGpuProcess:
         return self.state_dir / f"{self.name}.log"
 
     @property
-    def pid_file(self) -> Path:
-        return self.state_dir / f"{self.name}.pid"
-
-    @property
     def pid(self) -> int | None:
         return self._popen.pid if self._popen and self._popen.poll() is None else None
 
@@ -71,8 +64,7 @@ class DraGpuProcess:
         return self._popen is not None and self._popen.poll() is not None
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start and wait, blocking; from async code use ``astart`` (a stand-in kubelet on
-        the same event loop has to register the agent before it becomes ready)."""
+        """Start and wait, blocking; from async code use ``astart``."""
         for attempt in range(PORT_ATTEMPTS):
             self.spawn()
             try:
@@ -119,8 +111,7 @@ class DraGpuProcess:
                 *self.extra_args,
             ]
             env = {**os.environ, **self.env}
-            if not self.detached:
-                command = dying_with_parent(command)
+            command = dying_with_parent(command)
             if self.run_as is not None:
                 command = as_user(self.run_as, command)
                 for variable in ("HOME", "USER", "LOGNAME"):
@@ -131,9 +122,7 @@ class DraGpuProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                start_new_session=self.detached,
             )
-        self.pid_file.write_text(str(self._popen.pid))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -295,25 +284,3 @@ def as_user(uid: int, argv: list[str]) -> list[str]:
         *("--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"),
         *argv,
     ]
-
-
-def stop_detached(state_dir: Path, name: str = "agent", timeout: float = 20.0) -> bool:
-    """Stop the detached process ``name`` whose state is in ``state_dir``; True if one ran."""
-    pid_file = state_dir / f"{name}.pid"
-    try:
-        pid = int(pid_file.read_text())
-        os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError):
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    pid_file.unlink(missing_ok=True)
-    return True

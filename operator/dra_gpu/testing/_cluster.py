@@ -1,10 +1,10 @@
 """A local cluster in the background, for people and scripts (``make cluster-up``/``-down``).
 
 ``cluster_up`` starts a detached supervisor process (``python -m dra_gpu.testing serve``) that
-runs the control plane and the kubelet stand-in until it gets SIGTERM, and returns once the
+runs the control plane and real nodes (``RealNode``) until it gets SIGTERM, and returns once the
 supervisor wrote ``env.sh``. A second ``cluster_up`` finds the live supervisor and reuses it.
-``cluster_down`` signals the supervisor, which stops the stand-in and then every control plane
-process it started; the control plane processes also die with the supervisor if it is killed.
+``cluster_down`` signals the supervisor, which stops the nodes and then every control plane
+process it started; they also die with the supervisor if it is killed.
 
 ``main`` is that CLI. Like ``dra-gpu``'s, it ends a failure at the edges with one line that
 says what to do and an exit code of ``dra_gpu.exits`` (missing binaries 3, a cluster that does
@@ -29,11 +29,8 @@ from pathlib import Path
 
 from dra_gpu import kube
 from dra_gpu.exits import ExitCode, OneLineParser
-from dra_gpu.testing._agent import AgentProcess, ControllerProcess, stop_detached
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
-from dra_gpu.testing._dra import DraSettings
-from dra_gpu.testing._kubelet import KubeletStandIn
-from dra_gpu.testing._node import NodeRuntime, RealNode
+from dra_gpu.testing._node import NodeRuntime, RealNode, start_nodes
 
 DEFAULT_NODES = ("node-01", "node-02", "node-03")
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -52,8 +49,8 @@ class ClusterEnv:
 
     kubeconfig: Path
     nodes_dir: Path
-    """One directory per node: a real node's state (``<node>/root`` is its view of ``/run``,
-    ``/var/lib``, ``/var/log``), or the stand-in's kubelet directory of the node."""
+    """One directory per node: its state (``<node>/root`` is its view of ``/run``,
+    ``/var/lib``, ``/var/log``)."""
     bin_dir: Path
 
     def exports(self) -> str:
@@ -92,9 +89,9 @@ def cluster_up(
     nodes: Sequence[str] = DEFAULT_NODES,
     timeout: float = 300,
     *,
-    runtime: NodeRuntime | None = None,
+    runtime: NodeRuntime | None,
 ) -> ClusterEnv:
-    """Real nodes with ``runtime`` (``make cluster-up``), else the kubelet stand-in's."""
+    """The running cluster of ``state_dir``, or a new one whose nodes run ``runtime``."""
     state_dir = state_dir.resolve()
     env_file, pid_file = state_dir / "env.sh", state_dir / "supervisor.pid"
     if _alive(pid_file) and env_file.exists():
@@ -105,6 +102,12 @@ def cluster_up(
                 f"{bin_dir / name} is missing: build the control plane with `make kubebins`, "
                 "or point --bin-dir (or DRA_GPU_BIN_DIR) at a directory that has it"
             )
+    if runtime is None:
+        raise MissingBinaries(
+            "real nodes need containerd and the images: build them with `make nodebins images` "
+            "and pass --containerd-dir and --images-dir (make cluster-up does)"
+        )
+    runtime.check()
     shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True)
     log_file = state_dir / "supervisor.log"
@@ -121,7 +124,8 @@ def cluster_up(
                 str(bin_dir),
                 "--nodes",
                 ",".join(nodes),
-                *(("--runtime", runtime.to_json()) if runtime else ()),
+                "--runtime",
+                runtime.to_json(),
             ],
             stdout=supervisor_log,
             stderr=subprocess.STDOUT,
@@ -146,53 +150,9 @@ def cluster_up(
     return ClusterEnv.parse(env_file.read_text())
 
 
-def agents_up(state_dir: Path, nodes: Sequence[str], profile: Path) -> list[AgentProcess]:
-    """Start a detached node agent per node (simulated backend), as the chart's DaemonSet
-    would, restarting one that runs. Each keeps its files beside the node's kubelet directory,
-    as on a host: ``<kubelet root>/<node>/cdi``, ``.../checkpoint``, ``.../agent.log``.
-    ``cluster_down`` stops them."""
-    env = ClusterEnv.parse((state_dir / "env.sh").read_text())
-    started = []
-    for node in nodes:
-        node_dir = env.nodes_dir / node
-        stop_detached(node_dir)
-        agent = AgentProcess(
-            node, env.kubeconfig, node_dir, node_dir, profile=profile.resolve(), detached=True
-        )
-        agent.start()
-        started.append(agent)
-    return started
-
-
-def agents_down(state_dir: Path) -> list[str]:
-    """Stop every agent ``agents_up`` started; returns their node names."""
-    root = state_dir / "kubelet"
-    nodes = sorted(root.iterdir()) if root.exists() else []
-    return [d.name for d in nodes if stop_detached(d)]
-
-
-def controller_up(state_dir: Path) -> ControllerProcess:
-    """Start (or restart) one detached controller replica, as the chart's Deployment would."""
-    env = ClusterEnv.parse((state_dir / "env.sh").read_text())
-    controller_dir = state_dir / "controller"
-    stop_detached(controller_dir, "controller")
-    process = ControllerProcess(
-        "dra-gpu-controller-0",
-        env.kubeconfig,
-        controller_dir,
-        lease_seconds=4,
-        resync_seconds=5,
-        detached=True,
-    )
-    process.start()
-    return process
-
-
 def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
-    """Stop the agents, the controller and the supervisor of ``state_dir``; True if a
-    supervisor was running."""
-    agents_down(state_dir)
-    stop_detached(state_dir / "controller", "controller")
+    """Stop the supervisor of ``state_dir`` (and with it the cluster); True if one was
+    running."""
     pid = _alive(state_dir / "supervisor.pid")
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
@@ -206,14 +166,8 @@ def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
     return pid is not None
 
 
-def serve(
-    state_dir: Path, bin_dir: Path, nodes: Sequence[str], runtime: NodeRuntime | None = None
-) -> None:
-    """The supervisor: control plane and nodes (real ones with ``runtime``, else the stand-in)
-    until SIGTERM or SIGINT."""
-    if runtime is None:
-        asyncio.run(_serve(state_dir, bin_dir, nodes))
-        return
+def serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str], runtime: NodeRuntime) -> None:
+    """The supervisor: control plane and nodes until SIGTERM or SIGINT."""
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
@@ -224,11 +178,12 @@ def serve(
         # From this (main) thread, whose exit the processes' parent-death signal watches.
         cp.start()
         print(f"control plane ready at {cp.server}", flush=True)
-        for index, name in enumerate(nodes, start=1):
-            node = RealNode(cp, name, index, state_dir / "nodes" / name, runtime)
-            node.start()
-            started.append(node)
-            print(f"node {name} ready", flush=True)
+        started = [
+            RealNode(cp, name, index, state_dir / "nodes" / name, runtime)
+            for index, name in enumerate(nodes, start=1)
+        ]
+        start_nodes(started)
+        print(f"nodes {', '.join(nodes)} ready", flush=True)
         _write_env(state_dir, ClusterEnv(cp.kubeconfig, state_dir / "nodes", cp.bin_dir))
         stopping.wait()
     finally:
@@ -242,31 +197,6 @@ def _write_env(state_dir: Path, env: ClusterEnv) -> None:
     tmp = state_dir / "env.sh.tmp"
     tmp.write_text(env.exports())
     tmp.rename(state_dir / "env.sh")
-
-
-async def _serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str]) -> None:
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    cp = ControlPlane(bin_dir, state_dir / "control-plane")
-    print(f"starting control plane from {bin_dir}", flush=True)
-    # Blocking on purpose: nothing else runs yet, and the processes must be forked from this
-    # (main) thread, whose exit is what their parent-death signal watches.
-    cp.start()
-    try:
-        print(f"control plane ready at {cp.server}", flush=True)
-        kubelet_root = state_dir / "kubelet"
-        async with (
-            await kube.Kube.connect(cp.kubeconfig) as api,
-            KubeletStandIn(api, nodes, kubelet_root, dra=DraSettings()),
-        ):
-            _write_env(state_dir, ClusterEnv(cp.kubeconfig, kubelet_root, cp.bin_dir))
-            print(f"nodes {', '.join(nodes)} ready", flush=True)
-            await stopping.wait()
-    finally:
-        cp.stop()
-        print("stopped", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,15 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = [n for n in args.nodes.split(",") if n]
     try:
         if args.command == "serve":
-            runtime = NodeRuntime.from_json(args.runtime) if args.runtime else None
-            serve(args.state_dir, bin_dir, nodes, runtime)
+            if not args.runtime:
+                parser.error("serve is started by up")
+            serve(args.state_dir, bin_dir, nodes, NodeRuntime.from_json(args.runtime))
         elif args.command == "up":
             runtime = None
             if args.containerd_dir or args.images_dir:
                 if not (args.containerd_dir and args.images_dir):
                     parser.error("--containerd-dir and --images-dir go together (real nodes)")
                 runtime = NodeRuntime.from_builds(bin_dir, args.containerd_dir, args.images_dir)
-                runtime.check()
             env = cluster_up(args.state_dir, bin_dir, nodes, runtime=runtime)
             asyncio.run(_answers(env, args.state_dir))
             print(env.exports(), end="")

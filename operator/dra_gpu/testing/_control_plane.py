@@ -334,8 +334,8 @@ class ControlPlane:
                 f"--cert-dir={pki / 'kcm'}",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={self.ca_file}",
-                # All controllers, node lifecycle included: the kubelet stand-in renews leases,
-                # so nodes behave as real ones do (not-ready taint removed, loss detected).
+                # All controllers, node lifecycle included (the nodes' kubelets renew their
+                # leases: not-ready taint removed, loss detected).
                 "--controllers=*",
                 "--v=1",
             ],
