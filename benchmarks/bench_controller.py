@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import copy
 import dataclasses
+import functools
 import gc
 import random
 import re
@@ -840,6 +841,10 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
                     await asyncio.sleep(0.05)
                 complete = time.perf_counter() - started
                 lags = []
+
+                def counted_beyond(before: float) -> bool:
+                    return series(scrape(), "dra_gpu_claims") > before
+
                 for i in range(changes):
                     before = series(scrape(), "dra_gpu_claims")
                     t = time.perf_counter()
@@ -848,7 +853,7 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
                         _api_body(claim_body(10_000_000 + 10 * i, shape.classes)),
                     )
                     await eventually(
-                        lambda before=before: series(scrape(), "dra_gpu_claims") > before,
+                        functools.partial(counted_beyond, before),
                         timeout=120,
                         interval=0.01,
                         what="the new claim counted",
@@ -865,9 +870,7 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
                     t = time.perf_counter()
                     await api.create(f"/api/v1/namespaces/{namespace}/pods", _api_pod(pod))
                     await eventually(
-                        lambda meta=claim["metadata"]: explained(
-                            api, meta["namespace"], meta["name"]
-                        ),
+                        functools.partial(explained, api, namespace, claim["metadata"]["name"]),
                         timeout=120,
                         interval=0.05,
                         what="the new waiting pod's claim explained",

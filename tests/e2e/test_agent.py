@@ -566,26 +566,29 @@ async def test_fuzzed_grpc_requests_get_answers_naming_the_claim_and_never_break
     def fuzz(raw: bytes, method: str, claims: list[v1.Claim]) -> None:
         with grpc.insecure_channel(socket) as channel:
             refused: grpc.RpcError | None = None
+            untyped: Any = channel.unary_unary(method)  # raw bytes in, raw bytes out
             try:  # bytes as they come: a message, or garbage the server must refuse
-                channel.unary_unary(method)(raw, timeout=30)
+                untyped(raw, timeout=30)
             except grpc.RpcError as exc:
                 refused = exc
             # grpc's own answer to bytes that are not the message: "Error parsing message".
             assert refused is None or refused.code() == grpc.StatusCode.UNKNOWN, refused
             stub = v1_grpc.DRAPluginStub(channel)
-            request = v1.NodePrepareResourcesRequest(claims=claims)
-            prepared = stub.NodePrepareResources(request, timeout=30)
+            prepared = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=claims), timeout=30
+            )
             assert set(prepared.claims) == {c.uid for c in claims}
             for uid, result in prepared.claims.items():
                 same_uid = [c for c in claims if c.uid == uid]
                 assert result.error, "none of these claims exists"
                 assert names_the_claim(result.error, same_uid), result.error
-            request = v1.NodeUnprepareResourcesRequest(claims=claims)
-            unprepared = stub.NodeUnprepareResources(request, timeout=30)
+            unprepared = stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=claims), timeout=30
+            )
             assert set(unprepared.claims) == {c.uid for c in claims}
-            for uid, result in unprepared.claims.items():
+            for uid, gone in unprepared.claims.items():
                 same_uid = [c for c in claims if c.uid == uid]
-                assert not result.error or names_the_claim(result.error, same_uid), result.error
+                assert not gone.error or names_the_claim(gone.error, same_uid), gone.error
 
     await asyncio.to_thread(fuzz)
     assert not agent.exited

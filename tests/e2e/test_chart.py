@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -534,7 +535,7 @@ async def test_upgrade_and_uninstall_leave_only_what_the_user_made(
 
         await helm("uninstall", release.name, "--namespace", release.namespace)
         for path in cluster_scoped:
-            await eventually(lambda path=path: gone(api, path), what=f"{path} deleted")
+            await eventually(functools.partial(gone, api, path), what=f"{path} deleted")
         selector = f"app.kubernetes.io/instance={release.name}"
         for path in (
             "/api/v1/namespaces/{ns}/serviceaccounts",

@@ -145,10 +145,10 @@ async def test_random_sigkills_during_prepare_and_unprepare_lose_and_leak_nothin
         {"metadata": {"name": "one-gpu"}, "spec": {"spec": one_gpu}},
     )
     # Odd workers reuse one claim of their own (same UID, new allocation each time).
-    for worker in range(1, WORKERS, 2):
+    for number in range(1, WORKERS, 2):
         await api.create(
             f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-            {"metadata": {"name": f"claim-{worker}"}, "spec": one_gpu},
+            {"metadata": {"name": f"claim-{number}"}, "spec": one_gpu},
         )
 
     def claim_of(worker: int) -> kube.Body:

@@ -193,21 +193,24 @@ async def allocated_claim(api: kube.Kube, namespace: str, device: str) -> v1.Cla
     return v1.Claim(namespace=namespace, name="gpu", uid=created["metadata"]["uid"])
 
 
-async def call(node: RealNode, method: str, claim: v1.Claim) -> v1.NodePrepareResourceResponse:
+async def call(node: RealNode, method: str, claim: v1.Claim) -> str:
+    """Prepare or unprepare ``claim`` as the kubelet would; the answer, serialized."""
     socket = f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
     async with grpc.aio.insecure_channel(socket) as channel:
         stub = v1_grpc.DRAPluginStub(channel)
+        result: v1.NodePrepareResourceResponse | v1.NodeUnprepareResourceResponse
         if method == "prepare":
-            answer = await stub.NodePrepareResources(
+            prepared = await stub.NodePrepareResources(
                 v1.NodePrepareResourcesRequest(claims=[claim]), timeout=10
             )
+            result = prepared.claims[claim.uid]
         else:
-            answer = await stub.NodeUnprepareResources(
+            unprepared = await stub.NodeUnprepareResources(
                 v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=10
             )
-    result: v1.NodePrepareResourceResponse = answer.claims[claim.uid]
+            result = unprepared.claims[claim.uid]
     assert not result.error, result.error
-    return result
+    return str(result)
 
 
 async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool(

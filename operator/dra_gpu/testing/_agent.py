@@ -28,8 +28,13 @@ from dra_gpu.testing._node import RealNode
 PORT_ATTEMPTS = 3
 
 
+class _Stateful:
+    state_dir: Path
+    """Where the process keeps its log: a (positional) field of each subclass."""
+
+
 @dataclasses.dataclass(kw_only=True)
-class DraGpuProcess:
+class DraGpuProcess(_Stateful):
     """A ``dra-gpu`` process; ``start()``/``astart()`` return once it answers ``/readyz``."""
 
     health_port: int = 0
@@ -45,7 +50,7 @@ class DraGpuProcess:
     _log_start: int = 0
 
     name = "dra-gpu"
-    """Names the log and PID files in ``state_dir`` (a field of each subclass)."""
+    """Names the log file in ``state_dir``."""
 
     def args(self) -> list[str]:
         raise NotImplementedError

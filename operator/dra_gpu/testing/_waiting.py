@@ -5,20 +5,41 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
 
+@overload
 async def eventually(
-    probe: Callable[[], Awaitable[T] | T],
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = ...,  # noqa: ASYNC109 - a deadline for the whole wait
+    interval: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = ...,  # noqa: ASYNC109 - a deadline for the whole wait
+    interval: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+async def eventually(
+    probe: Callable[[], object],
     *,
     timeout: float = 60.0,  # noqa: ASYNC109 - a deadline for the whole wait
     interval: float = 0.5,
     what: str = "condition",
-) -> T:
-    """Call ``probe`` until it returns something truthy; return that. On timeout raise
-    ``TimeoutError`` naming ``what`` and the last value or exception seen."""
+) -> object:
+    """Call ``probe`` (a plain function or one returning an awaitable) until it returns
+    something truthy; return that (never None: hence the overloads' ``T | None``). On timeout
+    raise ``TimeoutError`` naming ``what`` and the last value or exception seen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: object = None
@@ -28,7 +49,7 @@ async def eventually(
             if inspect.isawaitable(result):
                 result = await result
             if result:
-                return result  # type: ignore[return-value]
+                return result
             last = result
         except AssertionError as exc:
             last = exc
