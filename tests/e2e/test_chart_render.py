@@ -158,7 +158,7 @@ def test_agent_host_paths_are_mounted_at_the_same_paths() -> None:
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.example.com",
         "cdi": "/var/run/cdi",
-        "checkpoint": "/var/lib/dra-gpu",
+        "checkpoint": "/var/lib/dra-gpu/gpu.example.com",
     }
     assert all(mounts[name] == path for name, path in host.items())
     settings = settings_from_env(config.AgentSettings, env_of(agent, DOWNWARD))
@@ -209,6 +209,10 @@ def test_driver_name_is_one_value_used_everywhere() -> None:
     assert find(docs, "DeviceClass")["spec"]["selectors"] == [
         {"cel": {"expression": 'device.driver == "gpu.acme.io"'}}
     ]
+    # A checkpoint directory per driver: a release of another driver never shares it.
+    volumes = find(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    checkpoint = next(v for v in volumes if v["name"] == "checkpoint")
+    assert checkpoint["hostPath"]["path"] == "/var/lib/dra-gpu/gpu.acme.io"
 
 
 def test_extra_device_classes_keep_the_driver_selector() -> None:
