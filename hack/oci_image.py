@@ -1,7 +1,7 @@
 """OCI image archives without a daemon or a registry, and the Dockerfile subset they follow.
 
 Standard library only; used by hack/build_images.py (which runs the builds) and by
-tests/unit/test_image_recipe.py. Three parts:
+tests/unit/image/test_recipe.py. Three parts:
 
 - ``parse_dockerfile``: reads the instructions our Dockerfile uses (FROM, ARG, ENV, LABEL, USER,
   WORKDIR, ENTRYPOINT, CMD, COPY, RUN) with Docker's quoting, line continuation and variable

@@ -2,7 +2,7 @@
 
 Kubernetes 1.37.2 (k8s.io/dynamic-resource-allocation/cel v0.37.2, cel-go v0.29.2), the
 "stored expressions" environment kube-scheduler compiles selectors in. Written from the output of
-``hack/celref`` run with ``-decls``; tests/unit/test_cel_upstream.py checks that it still matches.
+``hack/celref`` run with ``-decls``; tests/unit/cel/test_upstream.py checks that it still matches.
 Each row: (function, overload id, member function?, argument types, result type); a function's
 overloads in declaration order, which is the order cel-go tries them in at runtime.
 """

@@ -6,7 +6,7 @@ process running and asks it one case at a time (one JSON line each way). ``verdi
 answer, and ``ours`` an evaluation by ``dra_gpu.cel``, to what is compared: "true", "false" or
 "error" (an error of any kind matches an error of any kind; messages are not compared).
 
-Run alone: ``.venv/bin/python -m tests.unit.celref 'expression' ...`` prints both verdicts for
+Run alone: ``.venv/bin/python -m tests.unit.cel.celref 'expression' ...`` prints both verdicts for
 the tutorial's gpu-0.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from dra_gpu import cel
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = ROOT / "hack" / "build-celref.sh"
 
 

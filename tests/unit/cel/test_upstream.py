@@ -1,13 +1,13 @@
 """dra_gpu.cel gives kube-scheduler's verdicts: a differential test against upstream's own CEL.
 
 The oracle is hack/celref, upstream's k8s.io/dynamic-resource-allocation/cel at the Kubernetes
-version the project tests (built by hack/build-celref.sh, cached; see tests/unit/celref.py).
+version the project tests (built by hack/build-celref.sh, cached; see tests/unit/cel/celref.py).
 Every case is an expression and a device; both sides give a verdict, true, false or error
 (an error of any kind matches an error of any kind), and they must agree. The oracle also says
 whether the API server would store the selector at all ("accepted"): what it would reject may
 be refused here with any message, so those cases are counted apart.
 
-Run alone: ``.venv/bin/pytest tests/unit/test_cel_upstream.py -s`` (prints the counts).
+Run alone: ``.venv/bin/pytest tests/unit/cel/test_upstream.py -s`` (prints the counts).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from dra_gpu._cel import declarations
-from tests.unit import celgen
-from tests.unit.cel_upstream_table import BOTH, CASES
-from tests.unit.celref import Oracle, build_oracle, ours, verdict
+from tests.unit.cel import celgen
+from tests.unit.cel.celref import Oracle, build_oracle, ours, verdict
+from tests.unit.cel.upstream_table import BOTH, CASES
 
 GENERATED_CASES = int(os.environ.get("DRA_GPU_CEL_CASES", "10000"))
 # kube-apiserver 1.37's default gates: DRAConsumableCapacity is beta, DRAListTypeAttributes alpha.

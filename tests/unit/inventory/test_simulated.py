@@ -7,7 +7,7 @@ import pytest
 
 from dra_gpu.devices import model, simulated
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "crds-examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -24,7 +24,7 @@ import pytest
 from dra_gpu.exits import ExitCode
 from dra_gpu.testing import eventually
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROFILE = REPO / "crds-examples" / "profile-tutorial.yaml"
 
 

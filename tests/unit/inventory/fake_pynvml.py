@@ -3,7 +3,7 @@
 Mirrors the real module (nvidia-ml-py): the same function names and parameters, the same
 error classes (``NVMLError(value)`` returns the subclass for that code, e.g.
 ``NVMLError_NotSupported``, as pynvml's ``_extractNVMLErrorsAsClasses`` arranges), bytes for
-``busId`` as the ctypes struct gives it. ``test_nvml_backend`` checks the names and parameters
+``busId`` as the ctypes struct gives it. ``inventory/test_nvml.py`` checks the names and parameters
 against the installed pynvml. A ``FakeNvml`` instance is passed where the module would be.
 """
 

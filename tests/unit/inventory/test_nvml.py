@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from dra_gpu.devices import model, nvml
-from tests.unit import fake_pynvml
-from tests.unit.fake_pynvml import FakeGpu, FakeNvml
+from tests.unit.inventory import fake_pynvml
+from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml
 
 
 def _api(device: model.Device) -> dict[str, object]:

@@ -13,7 +13,7 @@ import yaml
 from dra_gpu.controller import explain, inventory
 from dra_gpu.controller.explain import Reason, Verdict
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "crds-examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
 DRIVER = "gpu.example.com"
 CLASS = "gpu-inferencia"
 ISSUE_EXAMPLE = (

@@ -11,7 +11,7 @@ import yaml
 from dra_gpu import slices
 from dra_gpu.devices import model, simulated
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "crds-examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
 DRIVER = "gpu.example.com"
 
 

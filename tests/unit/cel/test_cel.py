@@ -1,6 +1,6 @@
 """CEL device selectors evaluate as kube-scheduler evaluates them: the device variable, the
 classes of expressions where a generic CEL library answers differently (each shown here on its
-own; tests/unit/test_cel_upstream.py compares thousands of cases with upstream itself), the
+own; tests/unit/cel/test_upstream.py compares thousands of cases with upstream itself), the
 Kubernetes libraries, compile errors and the cost bound."""
 
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +12,7 @@ import yaml
 
 from dra_gpu import cel
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "crds-examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
 DRIVER = "gpu.example.com"
 TUTORIAL_SELECTOR = 'device.capacity["gpu.example.com"].memory\n  .compareTo(quantity("24Gi")) >= 0'
 

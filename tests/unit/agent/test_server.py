@@ -12,7 +12,7 @@ import grpc
 from dra_gpu.agent import server
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from tests.unit.test_agent_state import state
+from tests.unit.agent.test_state import state
 
 NO_CONTEXT: Any = None
 """For servicer methods called directly: ours never use their context."""
