@@ -95,7 +95,7 @@ bench: venv kubebins nodebins images $(PYDRA_VENV)/.installed
 reliability: venv kubebins
 	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_crash.py tests/e2e/test_load.py \
 	  tests/e2e/test_apiserver_restart.py tests/e2e/test_agent.py tests/e2e/test_chart.py \
-	  tests/unit/test_fuzz_inputs.py
+	  tests/unit/fuzz/test_inputs.py
 
 chart: venv kubebins
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
