@@ -25,7 +25,7 @@ from dra_gpu.exits import ExitCode
 from dra_gpu.testing import eventually
 
 REPO = Path(__file__).resolve().parents[3]
-PROFILE = REPO / "crds-examples" / "profile-tutorial.yaml"
+PROFILE = REPO / "charts" / "dra-gpu" / "profiles" / "tutorial.yaml"
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:

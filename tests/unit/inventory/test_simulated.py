@@ -4,10 +4,12 @@ from pathlib import Path
 from textwrap import dedent
 
 import pytest
+import yaml
 
 from dra_gpu.devices import model, simulated
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "dra-gpu"
+PROFILES = CHART / "profiles"
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -24,7 +26,7 @@ def _profile_error(tmp_path: Path, text: str) -> str:
 
 
 async def test_tutorial_profile_gives_gpu_0_24gi_and_gpu_1_8gi_on_node_01() -> None:
-    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node="node-01")
+    backend = simulated.SimulatedBackend(PROFILES / "tutorial.yaml", node="node-01")
     inventory = await backend.inventory()
     assert inventory.node == "node-01"
     assert [(d.name, d.memory, d.index) for d in inventory.devices] == [
@@ -35,7 +37,7 @@ async def test_tutorial_profile_gives_gpu_0_24gi_and_gpu_1_8gi_on_node_01() -> N
 
 
 async def test_a_container_sees_each_simulated_gpu_as_gpu_device_n() -> None:
-    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node="node-01")
+    backend = simulated.SimulatedBackend(PROFILES / "tutorial.yaml", node="node-01")
     gpu0, gpu1 = (await backend.inventory()).devices
     # One variable per position in the claim, so a container given both sees both.
     assert backend.container_env(0, gpu1) == {"GPU_DEVICE_0": "gpu-1"}
@@ -44,19 +46,24 @@ async def test_a_container_sees_each_simulated_gpu_as_gpu_device_n() -> None:
 
 @pytest.mark.parametrize("node", ["node-02", "node-03"])
 async def test_tutorial_nodes_without_gpus_are_listed_with_no_devices(node: str) -> None:
-    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node=node)
+    backend = simulated.SimulatedBackend(PROFILES / "tutorial.yaml", node=node)
     assert backend.node_in_profile
     assert (await backend.inventory()).devices == ()
 
 
 async def test_node_absent_from_the_profile_has_no_devices_and_says_so() -> None:
-    backend = simulated.SimulatedBackend(EXAMPLES / "profile-tutorial.yaml", node="node-99")
+    backend = simulated.SimulatedBackend(PROFILES / "tutorial.yaml", node="node-99")
     assert not backend.node_in_profile
     assert (await backend.inventory()) == model.Inventory("node-99", ())
 
 
+def test_the_charts_default_profile_is_the_tutorial_profile() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["agent"]["profile"] == yaml.safe_load((PROFILES / "tutorial.yaml").read_text())
+
+
 def test_large_profile_has_20_nodes_of_8_gpus_of_mixed_sizes() -> None:
-    profile = simulated.load_profile(EXAMPLES / "profile-large.yaml")
+    profile = simulated.load_profile(PROFILES / "large.yaml")
     assert sorted(profile.nodes) == [f"node-{i:02d}" for i in range(1, 21)]
     assert {len(devices) for devices in profile.nodes.values()} == {8}
     assert [d.name for d in profile.nodes["node-20"]] == [f"gpu-{i}" for i in range(8)]

@@ -11,7 +11,9 @@ import yaml
 from dra_gpu import slices
 from dra_gpu.devices import model, simulated
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = REPO / "crds-examples"
+PROFILES = REPO / "charts" / "dra-gpu" / "profiles"
 DRIVER = "gpu.example.com"
 
 
@@ -23,7 +25,7 @@ def _gpus(count: int, memory: str = "8Gi") -> list[model.Device]:
 
 
 def _tutorial_devices() -> tuple[model.Device, ...]:
-    return simulated.load_profile(EXAMPLES / "profile-tutorial.yaml").inventory("node-01").devices
+    return simulated.load_profile(PROFILES / "tutorial.yaml").inventory("node-01").devices
 
 
 def _names(body: slices.SliceBody) -> list[str]:
