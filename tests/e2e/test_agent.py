@@ -38,7 +38,7 @@ from tests.e2e.helpers import EXAMPLES, Kubectl, events_of, gpu_env, workload
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
-TUTORIAL_PROFILE = EXAMPLES / "profile-tutorial.yaml"
+TUTORIAL_PROFILE = EXAMPLES.parent / "charts/dra-gpu/profiles/tutorial.yaml"
 AgentFactory = Callable[..., Awaitable[AgentProcess]]
 
 

@@ -54,7 +54,7 @@ async def world(
                     node,
                     cp.kubeconfig,
                     short_path / f"agent-{node.name}",
-                    profile=EXAMPLES / "profile-tutorial.yaml",
+                    profile=EXAMPLES.parent / "charts/dra-gpu/profiles/tutorial.yaml",
                 )
                 for node in nodes
             ]

@@ -72,7 +72,7 @@ async def test_agent_starts_as_the_image_user(foreign_home: Path) -> None:
         kubeconfig=foreign_home / "kubeconfig",
         kubelet_dir=kubelet_dir,
         state_dir=foreign_home / "state",
-        profile=EXAMPLES / "profile-tutorial.yaml",
+        profile=EXAMPLES.parent / "charts/dra-gpu/profiles/tutorial.yaml",
         run_as=IMAGE_UID,
     )
     process.state_dir.mkdir()
