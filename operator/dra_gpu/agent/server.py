@@ -100,30 +100,27 @@ async def _unprepare(
     return response
 
 
-class DraServicerV1(v1_grpc.DRAPluginServicer):
-    """DRAPlugin v1: an adapter; the logic is in ``DeviceState``, shared by both versions."""
-
+class _Adapter:
     def __init__(self, state: DeviceState) -> None:
         self.state = state
+
+
+class DraServicerV1(_Adapter, v1_grpc.DRAPluginServicer):
+    """DRAPlugin v1: messages in and out; the logic is ``DeviceState``'s, shared by both."""
 
     async def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: Context
     ) -> v1.NodePrepareResourcesResponse:
-        response = v1.NodePrepareResourcesResponse()
-        return await _prepare(self.state, request.claims, response)
+        return await _prepare(self.state, request.claims, v1.NodePrepareResourcesResponse())
 
     async def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: Context
     ) -> v1.NodeUnprepareResourcesResponse:
-        response = v1.NodeUnprepareResourcesResponse()
-        return await _unprepare(self.state, request.claims, response)
+        return await _unprepare(self.state, request.claims, v1.NodeUnprepareResourcesResponse())
 
 
-class DraServicerV1Beta1(v1beta1_grpc.DRAPluginServicer):
+class DraServicerV1Beta1(_Adapter, v1beta1_grpc.DRAPluginServicer):
     """DRAPlugin v1beta1: ``DraServicerV1`` with the older version's messages."""
-
-    def __init__(self, state: DeviceState) -> None:
-        self.state = state
 
     async def NodePrepareResources(
         self, request: v1beta1.NodePrepareResourcesRequest, context: Context
@@ -366,27 +363,9 @@ class PluginServers:
                 log.warning("%s", found)
 
 
-def serve(
-    state: DeviceState,
-    *,
-    driver: str,
-    dra_socket: Path,
-    registration_socket: Path,
-    status: RegistrationStatus,
-    on_taken: Callable[[str], None] = lambda found: None,
-    on_back: Callable[[], Awaitable[None]] | None = None,
-) -> PluginServers:
-    """``async with serve(...)``: DRA socket first, then registration; on exit the
-    registration goes first."""
-    return PluginServers(
-        state,
-        driver=driver,
-        dra_socket=dra_socket,
-        registration_socket=registration_socket,
-        status=status,
-        on_taken=on_taken,
-        on_back=on_back,
-    )
+serve = PluginServers
+"""``async with serve(state, driver=..., ...)``: DRA socket first, then registration; on exit
+the registration goes first."""
 
 
 async def answers(registration_socket: Path, dra_socket: Path, deadline: float = 1.0) -> bool:
