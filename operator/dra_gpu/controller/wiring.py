@@ -117,7 +117,11 @@ async def watching(
         yield kopf_task
     finally:
         signals_back.cancel()
+        # Cancelled, not flagged: on a stop flag Kopf would give every task started after it
+        # 5 s to end first (the /metrics server's connections, say); the controller's own have
+        # ended already (``run_controller``).
         stop_flag.set()
+        kopf_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await kopf_task
 
