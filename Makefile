@@ -92,12 +92,12 @@ bench: venv kubebins nodebins images $(PYDRA_VENV)/.installed
 	$(BIN)/python benchmarks/bench_cel.py
 
 # The reliability tests at the issue's full size (CI runs them smaller as part of `make test`).
-reliability: venv kubebins
+reliability: venv kubebins nodebins images
 	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_crash.py tests/e2e/test_load.py \
 	  tests/e2e/test_apiserver_restart.py tests/e2e/test_agent.py tests/e2e/test_chart.py \
 	  tests/unit/fuzz/test_inputs.py
 
-chart: venv kubebins
+chart: venv kubebins nodebins images
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu -f charts/dra-gpu/ci/full-values.yaml
 	$(BIN)/pytest tests/e2e/test_chart_render.py tests/e2e/test_chart.py

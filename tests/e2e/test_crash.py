@@ -82,7 +82,9 @@ async def start_again(agent: AgentProcess) -> None:
 
 async def killer(agent: AgentProcess, tally: Tally, rng: random.Random) -> None:
     while not tally.done:
-        deadline = asyncio.get_running_loop().time() + rng.uniform(0.2, 1.5)
+        # Alive 1-4 s between kills: the real kubelet retries a failed prepare 10-15 s later
+        # (pod worker backoff), so with shorter lives nearly every retry met a dead agent.
+        deadline = asyncio.get_running_loop().time() + rng.uniform(1.0, 4.0)
         while not agent.exited and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # polls a child process: there is no event to wait on
         if agent.exited:  # at one of its crash points
