@@ -25,6 +25,7 @@ help:
 	@echo "make kubebins      build etcd, kube-*, kubectl and helm $(K8S_VERSION) into $(DRA_GPU_BIN_DIR)"
 	@echo "make nodebins      build containerd (+ Debian runc, CNI plugins, socat) for real nodes"
 	@echo "make images        build the dra-gpu, pause and workload images as OCI archives (no Docker)"
+	@echo "make prometheus    unpack Debian's prometheus + promtool into the cache (tests, make run)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -38,12 +39,17 @@ kubebins:
 
 # Real nodes: containerd from its Go module into $(DRA_GPU_CACHE)/node, and the images as OCI
 # archives for `ctr -n k8s.io images import` in $(DRA_GPU_CACHE)/images/<key> (root: apt, chroot).
-.PHONY: nodebins images
+.PHONY: nodebins images prometheus
 nodebins:
 	@hack/build-containerd.sh >/dev/null
 
 images:
 	@hack/build-images.sh >/dev/null
+
+# Prometheus and promtool (Debian's package, unpacked into $(DRA_GPU_CACHE)/prometheus; no
+# service installed) for the alert-rule unit tests, tests/e2e/test_prometheus.py and `make run`.
+prometheus:
+	@hack/build-prometheus.sh >/dev/null
 
 # ruff, then mypy --strict and the import contracts (both configured in pyproject.toml).
 lint: venv
@@ -56,14 +62,14 @@ format: venv
 	$(BIN)/ruff check --fix operator tests hack benchmarks
 	$(BIN)/ruff format operator tests hack benchmarks
 
-test: lint kubebins nodebins images
+test: lint kubebins nodebins images prometheus
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(BIN)/pytest
 
-unit: venv
+unit: venv kubebins prometheus
 	$(BIN)/pytest tests/unit
 
-e2e: venv kubebins nodebins images
+e2e: venv kubebins nodebins images prometheus
 	$(BIN)/pytest tests/e2e
 
 # The whole e2e suite against every supported Kubernetes version (too long for CI); one log each
@@ -97,10 +103,11 @@ reliability: venv kubebins nodebins images
 	  tests/e2e/test_apiserver_restart.py tests/e2e/test_agent.py tests/e2e/test_chart.py \
 	  tests/unit/fuzz/test_inputs.py
 
-chart: venv kubebins nodebins images
+chart: venv kubebins nodebins images prometheus
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu -f charts/dra-gpu/ci/full-values.yaml
-	$(BIN)/pytest tests/e2e/test_chart_render.py tests/e2e/test_chart.py
+	$(BIN)/pytest tests/e2e/test_chart_render.py tests/e2e/test_chart_render_monitoring.py \
+	  tests/unit/monitoring tests/e2e/test_chart.py
 
 image:  # needs a Docker engine (none on the CI machines); the chart's default image
 	docker build -t ghcr.io/dra-gpu/dra-gpu:0.1.0 .
