@@ -37,7 +37,7 @@ FULL_VALUES = CHART / "ci" / "full-values.yaml"
 NODE_KEY = "authentication.kubernetes.io/node-name"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 # Kinds whose CRDs (Prometheus Operator) this cluster does not have.
-NOT_SERVED = {"ServiceMonitor", "PodMonitor"}
+NOT_SERVED = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 class Identity:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from dra_gpu.testing import (
     RealNode,
     eventually,
 )
-from tests.e2e.helpers import WORKLOAD_IMAGE
+from tests.e2e.helpers import workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -117,6 +115,7 @@ async def test_the_kubelets_not_registered_is_explained_on_the_claim_once_and_cl
     control_plane: ControlPlane,
     api: kube.Kube,
     nodes: list[RealNode],
+    controller: ControllerProcess,
     namespace: str,
     device_class: str,
     tmp_path: Path,
@@ -126,20 +125,7 @@ async def test_the_kubelets_not_registered_is_explained_on_the_claim_once_and_cl
     profile.write_text(
         f"nodes:\n  {node.name}:\n    devices:\n    - count: 1\n      memory: 16Gi\n"
     )
-    # The agent on the host serves the node's kubelet through the node's own directories, by a
-    # short name (a unix socket's path has at most 107 bytes); the node sees the host's /tmp.
-    short = Path(tempfile.mkdtemp(prefix="dgk-", dir="/tmp"))
-    (short / "k").symlink_to(node.kubelet_dir)
-    agent = AgentProcess(
-        node.name,
-        control_plane.kubeconfig,
-        short / "k",
-        tmp_path / "agent",
-        profile=profile,
-        extra_args=(f"--cdi-dir={node.cdi_dir}",),
-    )
-    watcher = controller(control_plane, "lifecycle-explains", tmp_path / "c", f"l-{ns}", 15)
-    await watcher.astart()
+    agent = AgentProcess.on(node, control_plane.kubeconfig, tmp_path / "agent", profile=profile)
     await agent.astart(120)
     try:
         await _explained_then_cleared(api, ns, node, agent, device_class)
@@ -148,7 +134,6 @@ async def test_the_kubelets_not_registered_is_explained_on_the_claim_once_and_cl
             await agent.astart(120)
         await _remove_pods(api, ns)  # while the agent can unprepare
         agent.stop()
-        watcher.stop()
         listing = await api.get(
             f"{RESOURCE}/resourceslices",
             labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
@@ -156,7 +141,6 @@ async def test_the_kubelets_not_registered_is_explained_on_the_claim_once_and_cl
         for item in listing["items"]:
             if item["spec"].get("nodeName") == node.name:
                 await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
-        shutil.rmtree(short)
 
 
 async def _explained_then_cleared(
@@ -182,14 +166,7 @@ async def _explained_then_cleared(
                 "nodeSelector": {"kubernetes.io/hostname": node.name},
                 "terminationGracePeriodSeconds": 1,
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": WORKLOAD_IMAGE,
-                        "command": ["sleep", "3600"],
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
+                "containers": [workload(claims=["gpu"])],
             },
         },
     )
