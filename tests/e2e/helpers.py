@@ -8,7 +8,7 @@ import itertools
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 
 import pytest
@@ -169,14 +169,28 @@ async def gpu_nodes(
         for name in names:  # the other tests count three nodes
             with contextlib.suppress(kube.ApiError):
                 await api.delete(f"/api/v1/nodes/{name}")
-        listing = await api.get(
-            f"{RESOURCE}/resourceslices",
-            labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
-        )
-        for item in listing["items"]:
-            if item["spec"].get("nodeName") in names:
-                await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+        await delete_our_slices(api, names)
         await api.delete(f"{RESOURCE}/deviceclasses/{device_class}")
+
+
+async def delete_our_slices(api: kube.Kube, nodes: Collection[str] | None = None) -> None:
+    """The slices our agents published (of ``nodes``, or all): a stopped agent leaves its
+    pool published, and later tests count the devices of their own."""
+    listing = await api.get(
+        f"{RESOURCE}/resourceslices",
+        labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
+    )
+    for item in listing["items"]:
+        if nodes is None or item["spec"].get("nodeName") in nodes:
+            await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+
+
+async def event_with(api: kube.Kube, ns: str, reason: str, text: str) -> kube.Body | None:
+    """A Pod event of ``ns`` with ``reason`` whose message contains ``text``."""
+    for event in await events_of(api, ns):
+        if event.get("reason") == reason and text in event.get("message", ""):
+            return event
+    return None
 
 
 @contextlib.asynccontextmanager

@@ -27,14 +27,14 @@ import pytest_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_gpu import kube, slices
+from dra_gpu import kube
 from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import EXAMPLES, Kubectl, events_of, gpu_env, workload
+from tests.e2e.helpers import EXAMPLES, Kubectl, delete_our_slices, event_with, gpu_env, workload
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -71,12 +71,7 @@ async def start_agent(
         journal = checkpoint.journal_path(agent.checkpoint_file)
         for path in (agent.checkpoint_file, journal, *agent.cdi_dir.glob("*.json")):
             path.unlink(missing_ok=True)
-    listing = await api.get(
-        f"{RESOURCE}/resourceslices",
-        labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
-    )
-    for item in listing["items"]:
-        await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+    await delete_our_slices(api)
 
 
 @pytest_asyncio.fixture
@@ -104,13 +99,6 @@ async def running_pod(api: kube.Kube, ns: str) -> kube.Body | None:
     return running[0] if running else None
 
 
-async def pod_warning(api: kube.Kube, ns: str, reason: str, text: str) -> kube.Body | None:
-    for event in await events_of(api, ns):
-        if event.get("reason") == reason and text in event.get("message", ""):
-            return event
-    return None
-
-
 async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     api: kube.Kube,
     kubectl: Kubectl,
@@ -122,12 +110,12 @@ async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     # Without a driver: class missing, then (with the class) nothing to allocate.
     await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "recomendador.yaml"))
     await eventually(
-        lambda: pod_warning(api, ns, "FailedScheduling", "device class gpu-inferencia does not"),
+        lambda: event_with(api, ns, "FailedScheduling", "device class gpu-inferencia does not"),
         what="class missing",
     )
     await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
     await eventually(
-        lambda: pod_warning(api, ns, "FailedScheduling", "cannot allocate all claims"),
+        lambda: event_with(api, ns, "FailedScheduling", "cannot allocate all claims"),
         what="no devices",
     )
 
@@ -165,7 +153,7 @@ async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     assert entries[0]["conditions"][0]["type"] == "Ready"
     assert entries[0]["conditions"][0]["status"] == "True"
     assert entries[0]["data"]["memory"] == "24Gi"
-    assert not await pod_warning(api, ns, "FailedPrepareDynamicResources", "")
+    assert not await event_with(api, ns, "FailedPrepareDynamicResources", "")
 
     # Deleting the Deployment unprepares: spec and checkpoint entry gone, claim gone.
     await kubectl("delete", "-n", ns, "deployment/recomendador")
@@ -388,7 +376,7 @@ async def test_malformed_opaque_config_reaches_the_pods_events_naming_the_field(
     }
     await claim_and_pod(api, namespace, any_gpu_class, "node-01", config)
     event = await eventually(
-        lambda: pod_warning(api, namespace, "FailedPrepareDynamicResources", "sharing.strategy"),
+        lambda: event_with(api, namespace, "FailedPrepareDynamicResources", "sharing.strategy"),
         what="the prepare error on the pod",
     )
     assert "NodePrepareResources failed for ResourceClaim gpu: " in event["message"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from dra_gpu import kube, slices
+from dra_gpu import kube
 from dra_gpu.controller.reporter import COMPONENT
 from dra_gpu.testing import (
     AgentProcess,
@@ -28,7 +28,7 @@ from dra_gpu.testing import (
     RealNode,
     eventually,
 )
-from tests.e2e.helpers import workload
+from tests.e2e.helpers import delete_our_slices, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -134,13 +134,7 @@ async def test_the_kubelets_not_registered_is_explained_on_the_claim_once_and_cl
             await agent.astart(120)
         await _remove_pods(api, ns)  # while the agent can unprepare
         agent.stop()
-        listing = await api.get(
-            f"{RESOURCE}/resourceslices",
-            labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
-        )
-        for item in listing["items"]:
-            if item["spec"].get("nodeName") == node.name:
-                await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+        await delete_our_slices(api, [node.name])
 
 
 async def _explained_then_cleared(

@@ -39,7 +39,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dra_gpu import kube, quantities, slices
+from dra_gpu import kube, quantities
 from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,
@@ -49,7 +49,7 @@ from dra_gpu.testing import (
     ScrapeTarget,
     eventually,
 )
-from tests.e2e.helpers import EXAMPLES, REPO, Kubectl, workload
+from tests.e2e.helpers import EXAMPLES, REPO, Kubectl, delete_our_slices, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 DRIVER = "gpu.example.com"
@@ -233,14 +233,7 @@ async def observed(
             agent.stop()
         with contextlib.suppress(kube.ApiError):
             await api.delete(f"{RESOURCE}/deviceclasses/gpu-inferencia")
-        # The agents' pools go with them: later tests count the devices of their own.
-        listing = await api.get(
-            f"{RESOURCE}/resourceslices",
-            labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
-        )
-        for item in listing["items"]:
-            if item["spec"].get("nodeName") in NODES:
-                await api.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+        await delete_our_slices(api, NODES)
 
 
 async def _exists(api: kube.Kube, path: str) -> bool:

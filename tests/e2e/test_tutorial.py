@@ -18,7 +18,7 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.controller.command import explain_target
 from dra_gpu.testing import ControlPlane, RealNode, eventually
-from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, events_of
+from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, event_with
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 RELEASE, RELEASE_NS = "dra-gpu", "dra-gpu"
@@ -53,13 +53,6 @@ async def _claims(api: kube.Kube, ns: str) -> list[kube.Body]:
     return claims
 
 
-async def _event_with(api: kube.Kube, ns: str, reason: str, text: str) -> kube.Body | None:
-    for event in await events_of(api, ns):
-        if event.get("reason") == reason and text in event.get("message", ""):
-            return event
-    return None
-
-
 async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
     api: kube.Kube,
     kubectl: Kubectl,
@@ -84,7 +77,7 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
 
     # The four messages, in order, as the tutorial shows them.
     missing_class = await eventually(
-        lambda: _event_with(
+        lambda: event_with(
             api, ns, "FailedScheduling", "device class gpu-inferencia does not exist"
         ),
         what="FailedScheduling: device class gpu-inferencia does not exist",
@@ -92,19 +85,19 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
     assert missing_class["message"].startswith("0/3 nodes are available")
     await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
     no_devices = await eventually(
-        lambda: _event_with(api, ns, "FailedScheduling", "cannot allocate all claims"),
+        lambda: event_with(api, ns, "FailedScheduling", "cannot allocate all claims"),
         what="FailedScheduling: cannot allocate all claims",
     )
     assert "0/3 nodes are available: 3 cannot allocate all claims" in no_devices["message"]
     await kubectl("apply", "-f", str(EXAMPLES / "resourceslice.yaml"))
     await eventually(
-        lambda: _event_with(
+        lambda: event_with(
             api, ns, "Scheduled", f"Successfully assigned {ns}/{pod_name} to node-01"
         ),
         what="Scheduled on node-01",
     )
     not_registered = await eventually(
-        lambda: _event_with(
+        lambda: event_with(
             api, ns, "FailedPrepareDynamicResources", "DRA driver gpu.example.com is not registered"
         ),
         what="the real kubelet: DRA driver gpu.example.com is not registered",
