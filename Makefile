@@ -75,7 +75,7 @@ e2e: venv kubebins nodebins images prometheus
 # The whole e2e suite against every supported Kubernetes version (too long for CI); one log each
 # in .run/matrix/, the summary lines at the end.
 MATRIX_VERSIONS := v1.35.4 v1.36.3 v1.37.2
-matrix: venv nodebins images
+matrix: venv nodebins images prometheus
 	@mkdir -p .run/matrix
 	@for v in $(MATRIX_VERSIONS); do \
 	  export K8S_VERSION=$$v DRA_GPU_BIN_DIR=$(DRA_GPU_CACHE)/bin/$$v; \
