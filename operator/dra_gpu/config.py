@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu import DEFAULT_DRIVER_NAME
+from dra_gpu.devices import health
 
 ENV_PREFIX = "DRA_GPU_"
 MAX_SOCKET_PATH = 107
 """sun_path holds 108 bytes including the terminating NUL."""
+
+
+def _xids(xids: frozenset[int]) -> str:
+    return ",".join(str(x) for x in sorted(xids))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,23 @@ class AgentSettings:
     """How often the inventory is re-read and our slices checked against it."""
     kubeconfig: Path | None = None
     """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+    faults_file: Path | None = None
+    """The simulated backend's faults file: the faults its GPUs have now (format in the README);
+    a missing file means none."""
+    health_poll_seconds: float = 2.0
+    """How often the backend's faults are collected (NVML events are queued in between)."""
+    health_quiet_seconds: float = 300.0
+    """A device's taint is cleared once its fault has not shown for this long (seconds); a
+    device that keeps faulting stays tainted."""
+    fatal_xids: str = _xids(health.DEFAULT_FATAL_XIDS)
+    """Comma-separated XIDs that taint a GPU NoExecute (running pods are evicted)."""
+    ignored_xids: str = _xids(health.DEFAULT_IGNORED_XIDS)
+    """Comma-separated XIDs that say nothing about the GPU (application errors): no taint.
+    Every other XID taints it NoSchedule."""
+
+    @property
+    def xid_policy(self) -> health.XidPolicy:
+        return health.XidPolicy.parse(self.fatal_xids, self.ignored_xids)
 
     @property
     def registration_socket(self) -> Path:
@@ -76,6 +98,18 @@ class AgentSettings:
             raise ValueError("the simulated backend needs a profile (--profile / DRA_GPU_PROFILE)")
         if self.resync_seconds <= 0:
             raise ValueError(f"resync seconds must be positive, got {self.resync_seconds}")
+        if self.health_poll_seconds <= 0:
+            raise ValueError(
+                f"health poll seconds must be positive, got {self.health_poll_seconds}"
+            )
+        if self.health_quiet_seconds < 0:
+            raise ValueError(
+                f"health quiet seconds must not be negative, got {self.health_quiet_seconds}"
+            )
+        try:
+            self.xid_policy  # noqa: B018  (parses both lists)
+        except ValueError as err:
+            raise ValueError(f"{err} (--fatal-xids / --ignored-xids)") from None
         for socket in (self.registration_socket, self.dra_socket):
             if len(bytes(socket)) > MAX_SOCKET_PATH:
                 raise ValueError(

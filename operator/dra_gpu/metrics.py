@@ -86,6 +86,25 @@ SLICE_POOL_OTHER_WRITER = Gauge(
     ["instance", "other"],
     registry=AGENT,
 )
+DEVICE_HEALTH = Gauge(
+    "dra_gpu_device_health",
+    "1 for each device's current health state (healthy, degraded: tainted NoSchedule, "
+    "fatal: tainted NoExecute), 0 for the others.",
+    ["node", "device", "state"],
+    registry=AGENT,
+)
+DEVICE_FAULTS = Counter(
+    "dra_gpu_device_faults_total",
+    "Device faults that tainted a device (a new or escalated taint), by cause (xid, ecc, lost).",
+    ["node", "cause"],
+    registry=AGENT,
+)
+DEVICE_TAINT_CHANGES = Counter(
+    "dra_gpu_device_taint_changes_total",
+    "Device taints published (added) or cleared after the quiet period (cleared).",
+    ["node", "change"],
+    registry=AGENT,
+)
 CHECKPOINT_CORRUPTIONS = Counter(
     "dra_gpu_checkpoint_corruptions_total",
     "Checkpoint files found corrupt at start, moved aside and rebuilt.",

@@ -30,6 +30,8 @@ MANAGED_BY_VALUE = "dra-gpu"
 NODE_LABEL = "resource.dra-gpu.io/node"
 """The node's name, or a shortened unique form if it is longer than a label value may be (63)."""
 MAX_DEVICES_PER_SLICE = 128
+MAX_TAINTED_DEVICES_PER_SLICE = 64
+"""The API's limit for a slice in which any device has taints."""
 PUBLISHER_ANNOTATION = "resource.dra-gpu.io/publisher"
 """``<registered> <instance>``: see ``Publisher``."""
 
@@ -96,8 +98,9 @@ def build_slices(
     annotated with its ``publisher`` if one is given.
 
     Devices are published in a stable order (by index, then name), so the same inventory always
-    gives the same bodies. Unhealthy devices are left out: without the (alpha) device-taint
-    gate, leaving a device out is how a driver keeps the scheduler from handing it out.
+    gives the same bodies. A device's ``taints`` (faults the agent observed) are published
+    with it, and then at most 64 devices go in one slice, as the API requires. Devices a
+    backend reports as not ``healthy`` at all (a profile's ``healthy: false``) are left out.
     """
     if not model.is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
@@ -110,6 +113,8 @@ def build_slices(
     # The Inventory checks that device names are unique in the pool, as the API requires.
     published = model.Inventory(node_name, tuple(d for d in devices if d.healthy)).devices
     ordered = sorted(published, key=_device_order)
+    if any(d.taints for d in ordered):
+        max_devices_per_slice = min(max_devices_per_slice, MAX_TAINTED_DEVICES_PER_SLICE)
     chunks = [
         ordered[i : i + max_devices_per_slice]
         for i in range(0, len(ordered), max_devices_per_slice)
@@ -158,6 +163,8 @@ def device_body(device: model.Device) -> dict[str, Any]:
         body["attributes"] = {k: device.attributes[k].to_api() for k in sorted(device.attributes)}
     if device.capacity:
         body["capacity"] = {k: {"value": device.capacity[k]} for k in sorted(device.capacity)}
+    if device.taints:
+        body["taints"] = [t.to_api() for t in device.taints]
     return body
 
 

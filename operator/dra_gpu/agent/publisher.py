@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from dra_gpu import events, kube, metrics, slices
 from dra_gpu.agent.contention import Contention
-from dra_gpu.devices import model
+from dra_gpu.devices import health, model
 
 log = logging.getLogger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -53,6 +54,7 @@ class SlicePublisher:
         registered_at: Callable[[], datetime.datetime | None] = lambda: None,
         contention: Contention | None = None,
         clock: Callable[[], float] = time.monotonic,
+        taints: Callable[[], Mapping[str, tuple[health.Taint, ...]]] = dict,
     ) -> None:
         self.api = api
         self.backend = backend
@@ -66,6 +68,11 @@ class SlicePublisher:
         """When the kubelet last accepted our registration (None: not known, e.g. in tests)."""
         self.contention = contention or Contention(pool=node, driver=driver)
         self.clock = clock
+        self.taints = taints
+        """Device name -> the taints to publish on it (``health.HealthMonitor.taints``)."""
+        self.taints_supported = True
+        """False once the API server dropped the taints we wrote (``DRADeviceTaints`` off:
+        Kubernetes 1.35, or a gate turned off): tainted devices are then left out instead."""
         self.current: model.Inventory | None = None
         self.published_generation: int | None = None
         self._started = datetime.datetime.now(datetime.UTC)
@@ -128,7 +135,8 @@ class SlicePublisher:
         ours = [s for s in pool if _is_ours(s)]
         self._warn_foreign([s for s in pool if not _is_ours(s)])
         me = self.me
-        wanted = slices.build_slices(self.node, node_uid, self.driver, inventory.devices, 0)
+        devices = self._tainted(inventory.devices)
+        wanted = slices.build_slices(self.node, node_uid, self.driver, devices, 0)
         if not self._needs_update(ours, wanted, node_uid):
             self.published_generation = _generation(ours[0])
             if (line := self.contention.settled(self.clock())) is not None:
@@ -141,20 +149,40 @@ class SlicePublisher:
         # slices were all deleted must not come back at a generation consumers already saw.
         generation = max([*(_generation(s) for s in pool), self.published_generation or 0]) + 1
         wanted = slices.build_slices(
-            self.node, node_uid, self.driver, inventory.devices, generation, publisher=me
+            self.node, node_uid, self.driver, devices, generation, publisher=me
         )
-        await self._write(ours, wanted)
+        written = await self._write(ours, wanted)
         self.contention.wrote(self.clock())
+        if self.taints_supported and _taint_count(written) < _taint_count(wanted):
+            self.taints_supported = False
+            log.error(
+                "the API server dropped the device taints of node %s's slices (feature gate "
+                "DRADeviceTaints is off: Kubernetes 1.35, or disabled): leaving unhealthy "
+                "devices out of the pool instead",
+                self.node,
+            )
+            self.trigger()
         self.published_generation = generation
         metrics.SLICE_PUBLICATIONS.labels("success").inc()
+        tainted = [f"{d.name} {', '.join(map(str, d.taints))}" for d in devices if d.taints]
         log.info(
-            "published %d devices of node %s in %d slice(s), generation %d",
+            "published %d devices of node %s in %d slice(s), generation %d%s",
             len(inventory.devices),
             self.node,
             len(wanted),
             generation,
+            f"; tainted: {'; '.join(tainted)}" if tainted else "",
         )
         return True
+
+    def _tainted(self, devices: tuple[model.Device, ...]) -> tuple[model.Device, ...]:
+        taints = self.taints()
+        if not self.taints_supported:
+            return tuple(d for d in devices if not taints.get(d.name))
+        return tuple(
+            dataclasses.replace(d, taints=taints[d.name]) if taints.get(d.name) else d
+            for d in devices
+        )
 
     async def _may_write(self, ours: list[Any], me: slices.Publisher, node: kube.Body) -> bool:
         """Whether we may write the pool now; if another agent wrote it last, ``contention``
@@ -215,7 +243,9 @@ class SlicePublisher:
         owners = {o.get("uid") for s in ours for o in s["metadata"].get("ownerReferences", [])}
         return names != {s["metadata"]["name"] for s in wanted} or owners != {node_uid}
 
-    async def _write(self, ours: list[Any], wanted: list[Any]) -> None:
+    async def _write(self, ours: list[Any], wanted: list[Any]) -> list[Any]:
+        """Writes the pool; returns the slices as the API server stored them."""
+        written: list[Any] = []
         existing = {s["metadata"]["name"]: s for s in ours}
         keep = {s["metadata"]["name"] for s in wanted}
         # Obsolete slices go first, so consumers never see more slices than the count says.
@@ -226,10 +256,10 @@ class SlicePublisher:
             name = body["metadata"]["name"]
             if name in existing:
                 body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                await self.api.replace(f"{SLICES}/{name}", body)
+                written.append(await self.api.replace(f"{SLICES}/{name}", body))
             else:
                 try:
-                    await self.api.create(SLICES, body)
+                    written.append(await self.api.create(SLICES, body))
                 except kube.ApiError as exc:
                     if not exc.conflict:
                         raise
@@ -238,6 +268,7 @@ class SlicePublisher:
                         f"ResourceSlice {name} exists but is not one of node {self.node}'s; "
                         "delete it or rename the node"
                     ) from exc
+        return written
 
     def _warn_foreign(self, foreign: list[Any]) -> None:
         for s in foreign:
@@ -273,6 +304,15 @@ def new_instance(pod_name: str) -> str:
 def _is_ours(body: dict[str, Any]) -> bool:
     labels = body.get("metadata", {}).get("labels") or {}
     return bool(labels.get(slices.MANAGED_BY_LABEL) == slices.MANAGED_BY_VALUE)
+
+
+def _taint_count(bodies: list[Any]) -> int:
+    return sum(
+        len(d.get("taints") or ())
+        for b in bodies
+        if isinstance(b, dict)
+        for d in (b.get("spec") or {}).get("devices") or ()
+    )
 
 
 def _generation(body: dict[str, Any]) -> int:

@@ -5,8 +5,9 @@
    repaired from the checkpoint.
 2. gRPC servers: DRA socket, then registration socket (the kubelet dials as soon as it sees it).
 3. Long-lived tasks in one TaskGroup: slice publisher (from the moment the kubelet accepts
-   the registration, so no pod is ever scheduled onto devices nobody can prepare), status
-   writer, health and metrics
+   the registration, so no pod is ever scheduled onto devices nobody can prepare), device
+   health (faults -> taints, Events, the kubelet's health stream), status writer, health and
+   metrics
    listeners, a watch on the registration status, and a keeper of the socket files (another
    agent of the same driver may replace them, see ``server``). A crash in one stops the agent
    instead of leaving it half alive; Kubernetes restarts it and the checkpoint carries the state.
@@ -30,6 +31,7 @@ from dra_gpu.agent import lean  # noqa: F401  (first: before anything loads kube
 
 from dra_gpu import events, httpserver, kube, metrics
 from dra_gpu.agent import cdi, checkpoint, claims, server
+from dra_gpu.agent.health import HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
 from dra_gpu.agent.status import StatusWriter
@@ -48,11 +50,16 @@ def make_backend(settings: AgentSettings) -> model.Backend:
     if settings.backend == "nvml":
         from dra_gpu.devices.nvml import NvmlBackend
 
-        return NvmlBackend(settings.node_name)
+        return NvmlBackend(settings.node_name, xids=settings.xid_policy)
     from dra_gpu.devices.simulated import SimulatedBackend
 
     assert settings.profile is not None  # checked by AgentSettings
-    backend = SimulatedBackend(settings.profile, settings.node_name)
+    backend = SimulatedBackend(
+        settings.profile,
+        settings.node_name,
+        faults_file=settings.faults_file,
+        xids=settings.xid_policy,
+    )
     if not backend.node_in_profile:
         log.warning(
             "node %s is not in profile %s: publishing no devices",
@@ -89,6 +96,14 @@ async def _run(
 ) -> None:
     registration = server.RegistrationStatus()
     instance = new_instance(socket.gethostname())
+    monitor = HealthMonitor(
+        api,
+        backend,
+        driver=settings.driver_name,
+        node=settings.node_name,
+        quiet_seconds=settings.health_quiet_seconds,
+        poll_seconds=settings.health_poll_seconds,
+    )
     publisher = SlicePublisher(
         api,
         backend,
@@ -97,7 +112,10 @@ async def _run(
         resync_seconds=settings.resync_seconds,
         instance=instance,
         registered_at=lambda: registration.accepted_at,
+        taints=monitor.taints,
     )
+    monitor.on_change = publisher.trigger
+    monitor.inventory = publisher.inventory
     status_writer = StatusWriter(api, settings.node_name)
     state = DeviceState(
         api=api,
@@ -114,7 +132,15 @@ async def _run(
         log.info("recovery: %s", line)
     try:
         await _serve(
-            settings, api, state, publisher, status_writer, registration, instance, stopping
+            settings,
+            api,
+            state,
+            publisher,
+            monitor,
+            status_writer,
+            registration,
+            instance,
+            stopping,
         )
     finally:
         # After the servers stopped: nothing prepares any more. The journal becomes a
@@ -131,6 +157,7 @@ async def _serve(
     api: kube.Kube,
     state: DeviceState,
     publisher: SlicePublisher,
+    monitor: HealthMonitor,
     status_writer: StatusWriter,
     registration: server.RegistrationStatus,
     instance: str,
@@ -166,6 +193,8 @@ async def _serve(
         status=registration,
         on_taken=taken,
         on_back=back,
+        health=monitor,
+        pool=settings.node_name,
     )
     try:
         async with (
@@ -192,6 +221,7 @@ async def _serve(
                         publisher.run_forever(registration.accepted), name="slice-publisher"
                     )
                     tasks.create_task(status_writer.run_forever(), name="status-writer")
+                    tasks.create_task(monitor.run_forever(), name="device-health")
                     tasks.create_task(
                         _release_stale_forever(
                             state, STALE_CHECK_RESYNCS * settings.resync_seconds

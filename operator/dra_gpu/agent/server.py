@@ -3,6 +3,10 @@
 - The DRA service (``<kubelet>/plugins/<driver>/dra.sock``) serves DRAPlugin ``v1`` and
   ``v1beta1`` from one socket. The servicers are thin adapters: they translate messages and
   call ``DeviceState``, so the two versions never fork the logic.
+- The DRA socket also serves the kubelet's device health stream, DRAResourceHealth ``v1``
+  and ``v1alpha1`` (``HealthServicer``): the complete list of this node's devices, healthy or
+  not, sent at once, on every change and every ``HEALTH_RESEND_SECONDS``; the kubelet shows it
+  in pod status (``allocatedResourcesStatus``).
 - The Registration service (``<kubelet>/plugins_registry/<driver>-reg.sock``) answers the
   kubelet's plugin watcher: ``GetInfo`` from memory (the kubelet allows 1 s) and
   ``NotifyRegistrationStatus``.
@@ -29,18 +33,23 @@ import datetime
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import grpc
 
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.health import DeviceReport, HealthSource
 from dra_gpu.agent.state import DeviceState, PrepareFailed
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_gpu.proto.drahealth.v1 import api_pb2 as health_v1
+from dra_gpu.proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from dra_gpu.proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -48,6 +57,12 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 """In order of preference: a 1.34+ kubelet takes the first entry it knows."""
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+"""Advertised after the DRAPlugin versions when a health source is given: a 1.37 kubelet opens
+the health stream only for a plugin that lists one (older kubelets ignore unknown entries;
+1.36 calls v1alpha1 unasked)."""
+HEALTH_RESEND_SECONDS = 10.0
+"""The kubelet marks a device Unknown if not told about it for 30 s (its default timeout)."""
 SOCKET_MODE = 0o660
 MAX_SOCKET_PATH = 107
 """Bytes in a unix socket's path (``sun_path`` is 108, with the terminating NUL)."""
@@ -135,6 +150,73 @@ class DraServicerV1Beta1(_Adapter, v1beta1_grpc.DRAPluginServicer):
         return await _unprepare(self.state, request.claims, response)
 
 
+_HealthResponse = TypeVar(
+    "_HealthResponse",
+    health_v1.NodeWatchResourcesResponse,
+    health_v1alpha1.NodeWatchResourcesResponse,
+)
+
+
+async def _watch_health(
+    source: HealthSource,
+    pool: str,
+    response: Callable[[], _HealthResponse],
+    resend_seconds: float,
+) -> AsyncIterator[_HealthResponse]:
+    """Both versions' NodeWatchResources: every device, now, on each change, and periodically."""
+    loop = asyncio.get_running_loop()
+    while True:
+        seen = source.version
+        reports = await source.device_reports()
+        message = response()
+        for report in reports:
+            _add_report(message, pool, report)
+        yield message
+        deadline = loop.time() + resend_seconds
+        async with source.changed:
+            while source.version == seen and (left := deadline - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(source.changed.wait(), left)
+
+
+def _add_report(
+    message: health_v1.NodeWatchResourcesResponse | health_v1alpha1.NodeWatchResourcesResponse,
+    pool: str,
+    report: DeviceReport,
+) -> None:
+    entry = message.devices.add()
+    entry.device.pool_name = pool
+    entry.device.device_name = report.device
+    # The enum values are the same in both versions (UNKNOWN 0, HEALTHY 1, UNHEALTHY 2).
+    entry.health = health_v1.HEALTHY if report.healthy else health_v1.UNHEALTHY
+    entry.last_updated_time = report.since
+    entry.message = report.message
+
+
+class HealthServicerV1(health_v1_grpc.DRAResourceHealthServicer):
+    def __init__(self, source: HealthSource, pool: str, resend: float) -> None:
+        self.source, self.pool, self.resend = source, pool, resend
+
+    async def NodeWatchResources(
+        self, request: health_v1.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        response = health_v1.NodeWatchResourcesResponse
+        async for message in _watch_health(self.source, self.pool, response, self.resend):
+            yield message
+
+
+class HealthServicerV1Alpha1(health_v1alpha1_grpc.DRAResourceHealthServicer):
+    def __init__(self, source: HealthSource, pool: str, resend: float) -> None:
+        self.source, self.pool, self.resend = source, pool, resend
+
+    async def NodeWatchResources(
+        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        response = health_v1alpha1.NodeWatchResourcesResponse
+        async for message in _watch_health(self.source, self.pool, response, self.resend):
+            yield message
+
+
 @dataclasses.dataclass
 class RegistrationStatus:
     """What the kubelet last told us about our registration."""
@@ -151,12 +233,14 @@ class RegistrationStatus:
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: Path, status: RegistrationStatus) -> None:
+    def __init__(
+        self, driver: str, endpoint: Path, status: RegistrationStatus, health: bool = False
+    ) -> None:
         self.info = reg.PluginInfo(
             type="DRAPlugin",
             name=driver,
             endpoint=str(endpoint),
-            supported_versions=list(SUPPORTED_VERSIONS),
+            supported_versions=[*SUPPORTED_VERSIONS, *(HEALTH_SERVICES if health else ())],
         )
         self.status = status
 
@@ -270,6 +354,9 @@ class PluginServers:
         status: RegistrationStatus,
         on_taken: Callable[[str], None] = lambda found: None,
         on_back: Callable[[], Awaitable[None]] | None = None,
+        health: HealthSource | None = None,
+        pool: str = "",
+        health_resend_seconds: float = HEALTH_RESEND_SECONDS,
     ) -> None:
         self.driver = driver
         self.dra_socket = dra_socket
@@ -281,14 +368,27 @@ class PluginServers:
         self.taken = False
         """Another process's socket is, or was since our sockets were last created, where
         ours were; also when found only as we stop."""
-        self._dra_servicers = (
+        dra_servicers: list[tuple[object, object]] = [
             (v1_grpc.add_DRAPluginServicer_to_server, DraServicerV1(state)),
             (v1beta1_grpc.add_DRAPluginServicer_to_server, DraServicerV1Beta1(state)),
-        )
+        ]
+        if health is not None:
+            resend = health_resend_seconds
+            dra_servicers += [
+                (
+                    health_v1_grpc.add_DRAResourceHealthServicer_to_server,
+                    HealthServicerV1(health, pool, resend),
+                ),
+                (
+                    health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server,
+                    HealthServicerV1Alpha1(health, pool, resend),
+                ),
+            ]
+        self._dra_servicers = tuple(dra_servicers)
         self._registration_servicers = (
             (
                 reg_grpc.add_RegistrationServicer_to_server,
-                RegistrationServicer(driver, dra_socket, status),
+                RegistrationServicer(driver, dra_socket, status, health=health is not None),
             ),
         )
         self._bound: list[_Bound] = []

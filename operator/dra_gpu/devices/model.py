@@ -23,12 +23,14 @@ from types import MappingProxyType
 from typing import Protocol
 
 from dra_gpu import quantities, semvers
+from dra_gpu.devices.health import Fault, Taint
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 """The standard attribute for a device's PCI address (a third-party name: it carries a domain)."""
 
 MAX_ATTRIBUTES_AND_CAPACITY = 32
 MAX_VALUE_LENGTH = 64
+MAX_TAINTS = 16
 _INT64 = (-(2**63), 2**63 - 1)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -199,6 +201,9 @@ class Device:
     attributes: Mapping[str, AttributeValue]
     capacity: Mapping[str, str]  # quantity strings: {"memory": "24Gi"}
     healthy: bool = True
+    taints: tuple[Taint, ...] = ()
+    """Published on the device (``spec.devices[].taints``): set by the agent from the faults
+    its backend observed (``devices.health``), never by a backend's inventory."""
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
@@ -226,6 +231,9 @@ class Device:
                 f"{where}: {total} attributes and capacities; "
                 f"the API allows at most {MAX_ATTRIBUTES_AND_CAPACITY} together"
             )
+        if len(self.taints) > MAX_TAINTS:
+            raise InventoryError(f"{where}: {len(self.taints)} taints; the API allows {MAX_TAINTS}")
+        object.__setattr__(self, "taints", tuple(self.taints))
         # Freeze the maps too: a device shared between inventories must not change under them.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
@@ -286,6 +294,11 @@ class Backend(Protocol):
 
     def container_env(self, position: int, device: Device) -> dict[str, str]:
         """Environment for a container given ``device``, the ``position``-th device of a claim."""
+        ...
+
+    async def faults(self) -> tuple[Fault, ...]:
+        """Faults seen since the last call (NVML events) and those still going on (a lost GPU,
+        an entry of the simulated faults file). Called every few seconds; never blocks."""
         ...
 
     async def aclose(self) -> None: ...

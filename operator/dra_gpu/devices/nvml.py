@@ -6,21 +6,34 @@ run in a worker thread and never on the event loop that answers the kubelet. An 
 is never turned into "no GPUs": it raises ``InventoryError`` naming the call and the GPU, because
 an empty inventory would publish an empty pool and the user would only see "cannot allocate".
 "Not supported" is an answer, not a failure, for the few properties that are optional.
+
+Health: once ``faults()`` is first called, a daemon thread (``nvml-events``) waits on an NVML
+event set for critical XIDs and double-bit ECC errors on every GPU (what each GPU supports) and
+queues them as ``health.Fault``s, classified by the XID policy; ``faults()`` drains that queue and
+polls what has no event: a GPU that answers ``GPU_IS_LOST`` is a ``lost`` fault for as long as it
+does. The thread wakes at least once a second, so ``aclose()`` ends it before shutting NVML down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib
+import logging
 import re
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
-from dra_gpu.devices import model
+from dra_gpu.devices import health, model
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
+EVENT_WAIT_MS = 1000
+"""How long one nvmlEventSetWait_v2 blocks: the longest ``aclose()`` waits for the thread."""
+MAX_QUEUED_FAULTS = 1024
+"""Faults kept between two ``faults()`` calls; older ones are dropped (a storm of one XID)."""
 
 # Values of nvmlBrandType_t and nvmlDeviceArchitecture_t from nvml.h; they are ABI and stable.
 _BRANDS = {
@@ -83,6 +96,22 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any: ...
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]: ...
 
+    # Health events (nvml.h: nvmlEventSet*, nvmlDeviceRegisterEvents).
+    @property
+    def NVML_ERROR_TIMEOUT(self) -> int: ...
+    @property
+    def NVML_ERROR_GPU_IS_LOST(self) -> int: ...
+    @property
+    def nvmlEventTypeXidCriticalError(self) -> int: ...
+    @property
+    def nvmlEventTypeDoubleBitEccError(self) -> int: ...
+
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any: ...
+    def nvmlEventSetFree(self, eventSet: Any) -> None: ...
+
 
 class NvmlBackend:
     """Reads the node's GPUs; use ``async with`` or call ``aclose()`` to shut NVML down.
@@ -91,13 +120,20 @@ class NvmlBackend:
     on the next call. GPUs are named ``gpu-<NVML index>``.
     """
 
-    def __init__(self, node: str, nvml: NvmlApi | None = None) -> None:
+    def __init__(
+        self, node: str, nvml: NvmlApi | None = None, *, xids: health.XidPolicy | None = None
+    ) -> None:
         self.node = node
+        self.xids = xids or health.XidPolicy()
         # Imported here, not at module load: a node without the NVIDIA driver can still import
         # the package and run the simulated backend.
         self._nvml = nvml if nvml is not None else cast(NvmlApi, importlib.import_module("pynvml"))
         self._lock = threading.Lock()  # overlapping inventory() calls run in different threads
         self._initialised = False
+        self._events: collections.deque[health.Fault] = collections.deque(maxlen=MAX_QUEUED_FAULTS)
+        self._watcher: threading.Thread | None = None
+        self._stop_watching = threading.Event()
+        self._watching = threading.Event()  # set once the event set is registered (tests wait)
 
     async def inventory(self) -> model.Inventory:
         return await asyncio.to_thread(self._read_blocking)
@@ -124,7 +160,98 @@ class NvmlBackend:
     ) -> None:
         await self.aclose()
 
+    async def faults(self) -> tuple[health.Fault, ...]:
+        return await asyncio.to_thread(self._faults_blocking)
+
+    def _faults_blocking(self) -> tuple[health.Fault, ...]:
+        nvml = self._nvml
+        lost: list[health.Fault] = []
+        with self._lock:
+            if not self._initialised:
+                self._call("nvmlInit", None, nvml.nvmlInit)
+                self._initialised = True
+            if self._watcher is None or not self._watcher.is_alive():
+                self._stop_watching.clear()
+                self._watcher = threading.Thread(
+                    target=self._watch_blocking, name="nvml-events", daemon=True
+                )
+                self._watcher.start()
+            count = self._call("nvmlDeviceGetCount", None, nvml.nvmlDeviceGetCount)
+            for index in range(count):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    nvml.nvmlDeviceGetUUID(handle)
+                except nvml.NVMLError as err:
+                    if getattr(err, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
+                        lost.append(health.lost_fault(f"gpu-{index}", f"NVML: {err}"))
+                    else:
+                        log.warning("%s: polling its health failed: %s", self._where(index), err)
+        queued: list[health.Fault] = []
+        while self._events:
+            queued.append(self._events.popleft())
+        return (*queued, *lost)
+
+    def _watch_blocking(self) -> None:
+        """The event thread: register every GPU, then wait for events until told to stop."""
+        nvml = self._nvml
+        wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as err:
+            log.error("node %s: NVML events unavailable (no XID or ECC taints): %s", self.node, err)
+            return
+        try:
+            names: dict[str, str] = {}
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                names[_text(nvml.nvmlDeviceGetUUID(handle))] = f"gpu-{index}"
+                supported = nvml.nvmlDeviceGetSupportedEventTypes(handle) & wanted
+                if supported:
+                    nvml.nvmlDeviceRegisterEvents(handle, supported, event_set)
+                else:
+                    log.warning("%s: reports no XID or ECC events", self._where(index))
+            self._watching.set()
+            while not self._stop_watching.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait_v2(event_set, EVENT_WAIT_MS)
+                except nvml.NVMLError as err:
+                    if getattr(err, "value", None) != nvml.NVML_ERROR_TIMEOUT:
+                        log.warning("node %s: waiting for NVML events failed: %s", self.node, err)
+                        self._stop_watching.wait(EVENT_WAIT_MS / 1000)
+                    continue
+                fault = self._fault_of(data, names)
+                if fault is not None:
+                    log.warning("node %s: %s: %s", self.node, fault.device, fault.message)
+                    self._events.append(fault)
+        except nvml.NVMLError as err:
+            log.error("node %s: watching NVML events failed: %s", self.node, err)
+        finally:
+            self._watching.clear()
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except nvml.NVMLError as err:
+                log.warning("node %s: freeing the NVML event set failed: %s", self.node, err)
+
+    def _fault_of(self, data: Any, names: dict[str, str]) -> health.Fault | None:
+        nvml = self._nvml
+        try:
+            name = names.get(_text(nvml.nvmlDeviceGetUUID(data.device)))
+        except nvml.NVMLError:
+            name = None  # a lost GPU no longer says who it is; the lost poll names it
+        if name is None:
+            log.warning("node %s: an NVML event for an unknown GPU: %r", self.node, data)
+            return None
+        if data.eventType & nvml.nvmlEventTypeXidCriticalError:
+            return self.xids.fault(name, int(data.eventData), f"XID {data.eventData} (NVML)")
+        if data.eventType & nvml.nvmlEventTypeDoubleBitEccError:
+            return health.ecc_fault(name, "double-bit ECC error (NVML)")
+        return None
+
     def _shutdown_blocking(self) -> None:
+        self._stop_watching.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2 * EVENT_WAIT_MS / 1000)
+            self._watcher = None
         with self._lock:
             if self._initialised:
                 self._initialised = False

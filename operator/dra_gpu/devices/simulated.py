@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from dra_gpu.devices import model
+from dra_gpu.devices import health, model
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.dra-gpu.io")
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
@@ -74,10 +74,19 @@ class SimulatedBackend:
     demos add or remove GPUs. A file that turns bad later raises ``ProfileError`` from there.
     """
 
-    def __init__(self, profile: Path | Profile, node: str) -> None:
+    def __init__(
+        self,
+        profile: Path | Profile,
+        node: str,
+        *,
+        faults_file: Path | None = None,
+        xids: health.XidPolicy | None = None,
+    ) -> None:
         self.node = node
         self._path = profile if isinstance(profile, Path) else None
         self._profile = load_profile(profile) if isinstance(profile, Path) else profile
+        self.faults_file = faults_file
+        self.xids = xids or health.XidPolicy()
 
     @property
     def node_in_profile(self) -> bool:
@@ -95,8 +104,60 @@ class SimulatedBackend:
         GPU they got."""
         return {f"GPU_DEVICE_{position}": device.name}
 
+    async def faults(self) -> tuple[health.Fault, ...]:
+        """What the faults file lists now (nothing without one); a bad file raises
+        ``ProfileError`` naming file and field."""
+        if self.faults_file is None:
+            return ()
+        return await asyncio.to_thread(load_faults, self.faults_file, self.xids)
+
     async def aclose(self) -> None:
         return None
+
+
+def load_faults(path: Path, xids: health.XidPolicy) -> tuple[health.Fault, ...]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ()
+    except (OSError, UnicodeDecodeError) as err:
+        raise model.ProfileError(f"faults file {path}: cannot be read: {err}") from None
+    return parse_faults(text, xids, source=str(path))
+
+
+def parse_faults(
+    text: str, xids: health.XidPolicy, source: str = "<string>"
+) -> tuple[health.Fault, ...]:
+    """The faults a faults file lists (see the module docstring); ignored XIDs give none."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as err:
+        raise model.ProfileError(f"faults file {source}: not valid YAML: {err}") from None
+    parser = _Parser(source, what="faults file")
+    faults: list[health.Fault] = []
+    for device, spec in parser.mapping(data, "", None).items():
+        if not isinstance(device, str) or not model.is_dns_label(device):
+            raise parser.error(str(device), "a device name must be a DNS label (e.g. gpu-0)")
+        entries = parser.mapping(spec, device, {"xid", "ecc", "lost"})
+        if not entries:
+            raise parser.error(device, "expected one of xid, ecc, lost")
+        for cause, value in entries.items():
+            path = f"{device}.{cause}"
+            if cause == "xid":
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise parser.error(path, f"expected an XID (a positive number), got {value!r}")
+                fault = xids.fault(device, value, f"XID {value} (simulated)")
+                if fault is not None:
+                    faults.append(fault)
+            elif cause == "ecc":
+                if value != "double-bit":
+                    raise parser.error(path, f"expected double-bit, got {value!r}")
+                faults.append(health.ecc_fault(device, "double-bit ECC error (simulated)"))
+            elif value is not True:
+                raise parser.error(path, f"expected true, got {value!r}")
+            else:
+                faults.append(health.lost_fault(device, "the GPU is lost (simulated)"))
+    return tuple(faults)
 
 
 def load_profile(path: Path) -> Profile:
@@ -120,11 +181,12 @@ def parse_profile(text: str, source: str = "<string>") -> Profile:
 
 
 class _Parser:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, what: str = "profile") -> None:
         self.source = source
+        self.what = what
 
     def error(self, path: str, message: str) -> model.ProfileError:
-        return model.ProfileError(f"profile {self.source}: {path}: {message}")
+        return model.ProfileError(f"{self.what} {self.source}: {path}: {message}")
 
     def mapping(self, value: object, path: str, known: Collection[str] | None) -> dict[Any, Any]:
         """The mapping at ``path``; ``known`` lists its allowed keys, None allows any key."""

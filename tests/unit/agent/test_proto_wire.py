@@ -20,6 +20,7 @@ from dra_gpu.proto.dra.v1 import api_pb2 as dra_v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from dra_gpu.proto.drahealth.v1 import api_pb2 as health_v1
 from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as registration
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -69,6 +70,12 @@ def method_path(module: ModuleType, service: str, method: str) -> str:
             "DRAResourceHealth",
             "NodeWatchResources",
             "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+        ),
+        (
+            health_v1,
+            "DRAResourceHealth",
+            "NodeWatchResources",
+            "/v1.DRAResourceHealth/NodeWatchResources",
         ),
     ],
 )
@@ -131,16 +138,19 @@ def test_share_id_is_an_optional_field_of_v1_only() -> None:
     assert not dra_v1.Device(pool_name="node-01").HasField("share_id")
 
 
-def test_health_field_numbers_and_enum() -> None:
-    assert field_numbers(health_v1alpha1.DeviceHealth) == {
+@pytest.mark.parametrize("health", [health_v1, health_v1alpha1])
+def test_health_field_numbers_and_enum(health: ModuleType) -> None:
+    # As k8s.io/kubelet v0.37.2 pkg/apis/dra-health/{v1,v1alpha1}/api.proto (message: 1.36+).
+    assert field_numbers(health.DeviceHealth) == {
         "device": 1,
         "health": 2,
         "last_updated_time": 3,
         "health_check_timeout_seconds": 4,
+        "message": 5,
     }
-    assert field_numbers(health_v1alpha1.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
-    assert field_numbers(health_v1alpha1.NodeWatchResourcesResponse) == {"devices": 1}
-    assert dict(health_v1alpha1.HealthStatus.items()) == {
+    assert field_numbers(health.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
+    assert field_numbers(health.NodeWatchResourcesResponse) == {"devices": 1}
+    assert dict(health.HealthStatus.items()) == {
         "UNKNOWN": 0,
         "HEALTHY": 1,
         "UNHEALTHY": 2,

@@ -5,11 +5,16 @@ error classes (``NVMLError(value)`` returns the subclass for that code, e.g.
 ``NVMLError_NotSupported``, as pynvml's ``_extractNVMLErrorsAsClasses`` arranges), bytes for
 ``busId`` as the ctypes struct gives it. ``inventory/test_nvml.py`` checks the names and parameters
 against the installed pynvml. A ``FakeNvml`` instance is passed where the module would be.
+
+Events: ``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents`` / ``nvmlEventSetWait_v2`` /
+``nvmlEventSetFree`` behave as NVML's do (a wait that times out raises ``NVML_ERROR_TIMEOUT``; the
+event data has the ctypes struct's field names); a test raises an event with ``emit``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 from typing import Any, ClassVar
 
@@ -17,6 +22,7 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
@@ -25,12 +31,17 @@ NVML_BRAND_NVIDIA = 14
 NVML_DEVICE_ARCH_AMPERE = 7
 NVML_DEVICE_ARCH_HOPPER = 9
 
+nvmlEventTypeSingleBitEccError = 0x1
+nvmlEventTypeDoubleBitEccError = 0x2
+nvmlEventTypeXidCriticalError = 0x8
+
 _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -77,6 +88,7 @@ class FakeGpu:
     mig_capable: bool = True
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     """Function name -> NVML error code that call raises for this GPU."""
+    supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
 
 
 def two_h100s() -> list[FakeGpu]:
@@ -103,12 +115,33 @@ class _Memory:
     used: int
 
 
+@dataclasses.dataclass
+class _EventData:
+    # The field names of pynvml's c_nvmlEventData_t.
+    device: _Handle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class _EventSet:
+    registered: dict[int, int] = dataclasses.field(default_factory=dict)  # index -> types
+    events: queue.Queue[_EventData] = dataclasses.field(default_factory=queue.Queue)
+    freed: bool = False
+
+
 class FakeNvml:
     """Use like the pynvml module; records which thread made each call."""
 
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+    nvmlEventTypeDoubleBitEccError = nvmlEventTypeDoubleBitEccError
 
     def __init__(
         self,
@@ -126,6 +159,13 @@ class FakeNvml:
         self.init_calls = 0
         self.shutdown_calls = 0
         self.call_threads: list[tuple[str, int]] = []
+        self.event_sets: list[_EventSet] = []
+
+    def emit(self, index: int, event_type: int, data: int = 0) -> None:
+        """An event on GPU ``index``, delivered to every event set registered for it."""
+        for event_set in self.event_sets:
+            if not event_set.freed and event_set.registered.get(index, 0) & event_type:
+                event_set.events.put(_EventData(_Handle(index), event_type, data))
 
     def _enter(self, name: str, handle: _Handle | None = None) -> FakeGpu | None:
         self.call_threads.append((name, threading.get_ident()))
@@ -200,3 +240,31 @@ class FakeNvml:
         if not self._gpu("nvmlDeviceGetMigMode", device).mig_capable:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return [0, 0]
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._enter("nvmlEventSetCreate")
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetSupportedEventTypes", handle).supported_events
+
+    def nvmlDeviceRegisterEvents(
+        self, handle: _Handle, eventTypes: int, eventSet: _EventSet
+    ) -> None:
+        gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
+        if eventTypes & ~gpu.supported_events:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        eventSet.registered[handle.index] = eventSet.registered.get(handle.index, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: _EventSet, timeoutms: int) -> _EventData:
+        self._enter("nvmlEventSetWait_v2")
+        try:
+            return eventSet.events.get(timeout=timeoutms / 1000)
+        except queue.Empty:
+            raise NVMLError(NVML_ERROR_TIMEOUT) from None
+
+    def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        eventSet.freed = True

@@ -1,0 +1,199 @@
+"""Device health on this node: the backend's faults -> taints, Events, metrics, health stream.
+
+Every ``poll_seconds`` the monitor collects the backend's faults (NVML events queued by its
+thread, a lost GPU, the simulated faults file) and gives them to ``devices.health``'s tracker,
+which decides the taints and when they clear (after the quiet period). On a change, and only
+then, it asks the publisher for a new pool generation (the publisher reads ``taints()``), posts a
+Warning Event on the Node for a new taint (a Normal one when it clears), updates
+``dra_gpu_device_health`` and ``dra_gpu_device_faults_total``, and wakes the kubelet's health
+streams (``server.HealthServicer`` waits on ``changed``).
+
+It owns no devices and does no NVML itself: a backend failure is logged and tried again on the
+next poll, never ends the agent (a broken faults file must not stop prepares).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import NoReturn, Protocol
+
+from dra_gpu import events, kube, metrics
+from dra_gpu.devices import health, model
+
+log = logging.getLogger(__name__)
+COMPONENT = "dra-gpu-agent"
+UNHEALTHY_REASON = "DeviceUnhealthy"
+RECOVERED_REASON = "DeviceRecovered"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceReport:
+    """One device as the kubelet's health stream reports it."""
+
+    device: str
+    healthy: bool
+    message: str
+    since: int
+    """Unix seconds: when the device's current state began (its taint's timeAdded)."""
+
+
+class HealthSource(Protocol):
+    """What ``server.HealthServicer`` streams: reports, and a condition notified on change."""
+
+    changed: asyncio.Condition
+    version: int
+
+    async def device_reports(self) -> list[DeviceReport]: ...
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        api: kube.Kube | None,
+        backend: model.Backend,
+        *,
+        driver: str,
+        node: str,
+        quiet_seconds: float,
+        poll_seconds: float = 2.0,
+        on_change: Callable[[], None] = lambda: None,
+        inventory: Callable[[], Awaitable[model.Inventory]] | None = None,
+        clock: Callable[[], datetime.datetime] = _now,
+    ) -> None:
+        self.api = api
+        self.backend = backend
+        self.driver = driver
+        self.node = node
+        self.poll_seconds = poll_seconds
+        self.on_change = on_change
+        """Called after every change of the taints (the publisher's ``trigger``)."""
+        self.inventory = inventory
+        """The devices to report metrics for (the publisher's last inventory)."""
+        self.clock = clock
+        self.tracker = health.HealthTracker(driver, quiet_seconds)
+        self.changed = asyncio.Condition()
+        """Notified after every change; the health streams wait on it."""
+        self.version = 0
+        """Counts changes, so a waiter can tell whether it missed one."""
+        self._states: dict[str, str] = {}
+        self._started = clock()
+        for cause in health.CAUSES:
+            metrics.DEVICE_FAULTS.labels(node, cause)
+        for change in ("added", "cleared"):
+            metrics.DEVICE_TAINT_CHANGES.labels(node, change)
+
+    def taints(self) -> Mapping[str, tuple[health.Taint, ...]]:
+        return self.tracker.taints()
+
+    async def device_reports(self) -> list[DeviceReport]:
+        """Every device of the inventory (and any tainted one), unhealthy if it has a taint:
+        a degraded device (NoSchedule) may still run its pods, but they are told."""
+        names: list[str] = []
+        if self.inventory is not None:
+            try:
+                names = [d.name for d in (await self.inventory()).devices]
+            except Exception as exc:
+                log.debug("no inventory for the health stream: %s", exc)
+        taints = self.tracker.taints()
+        names += [n for n in taints if n not in names]
+        started = int(self._started.timestamp())
+        reports = []
+        for name in names:
+            fault = self.tracker.fault_of(name)
+            if fault is None or not taints.get(name):
+                reports.append(DeviceReport(name, True, "", started))
+                continue
+            since = min(t.time_added for t in taints[name])
+            listed = ", ".join(map(str, taints[name]))
+            message = f"{fault.message}; tainted {listed}"
+            reports.append(DeviceReport(name, False, message, int(since.timestamp())))
+        return reports
+
+    async def run_forever(self) -> NoReturn:
+        while True:
+            try:
+                await self.check_once()
+            except Exception as exc:  # a bad faults file, NVML hiccup: try again next time
+                log.warning("collecting the device faults of node %s failed: %s", self.node, exc)
+            await asyncio.sleep(self.poll_seconds)
+
+    async def check_once(self) -> list[health.Change]:
+        """Collect faults, update taints; returns what changed."""
+        faults = await self.backend.faults()
+        now = self.clock()
+        changes = self.tracker.observe(faults, now) + self.tracker.expire(now)
+        await self._update_metrics()
+        if not changes:
+            return changes
+        for change in changes:
+            await self._report(change, now)
+        self.on_change()
+        async with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+        return changes
+
+    async def _update_metrics(self) -> None:
+        names: set[str] = set(self.tracker.taints())
+        if self.inventory is not None:
+            try:
+                names |= {d.name for d in (await self.inventory()).devices}
+            except Exception as exc:  # reported by the publisher, which reads the same
+                log.debug("no inventory for the health metrics: %s", exc)
+        for name in names:
+            state = self.tracker.state(name)
+            if self._states.get(name) == state:
+                continue
+            for each in health.STATES:
+                metrics.DEVICE_HEALTH.labels(self.node, name, each).set(int(each == state))
+            self._states[name] = state
+
+    async def _report(self, change: health.Change, now: datetime.datetime) -> None:
+        taint = change.taint
+        device = f"{self.node}/{change.device}"
+        when = health.format_time(taint.time_added)
+        if change.added:
+            assert change.fault is not None
+            metrics.DEVICE_FAULTS.labels(self.node, change.fault.cause).inc()
+            metrics.DEVICE_TAINT_CHANGES.labels(self.node, "added").inc()
+            type_, reason = "Warning", UNHEALTHY_REASON
+            message = (
+                f"{device}: {change.fault.message} at {when}: tainted {taint} until it has "
+                f"been quiet for {self.tracker.quiet.total_seconds():g}s"
+            )
+            log.warning("%s", message)
+        else:
+            metrics.DEVICE_TAINT_CHANGES.labels(self.node, "cleared").inc()
+            type_, reason = "Normal", RECOVERED_REASON
+            message = (
+                f"{device}: taint {taint} (since {when}) cleared at {health.format_time(now)}: "
+                f"no fault for {self.tracker.quiet.total_seconds():g}s"
+            )
+            log.info("%s", message)
+        if self.api is None:
+            return
+        await events.post(
+            self.api,
+            {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": await self._node_uid()},
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            host=self.node,
+        )
+
+    async def _node_uid(self) -> str:
+        assert self.api is not None
+        try:
+            node = await self.api.get(f"/api/v1/nodes/{self.node}")
+            return str(node["metadata"]["uid"])
+        except Exception:  # the Event is best effort; the log line says it already
+            return ""
