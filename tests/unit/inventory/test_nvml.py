@@ -161,7 +161,14 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
         fake_pynvml.NVMLError(fake_pynvml.NVML_ERROR_NOT_SUPPORTED),
         fake_pynvml.NVMLError_NotSupported,
     )
-    for name in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_GPU_IS_LOST", "NVML_BRAND_TESLA"):
+    for name in (
+        "NVML_ERROR_NOT_SUPPORTED",
+        "NVML_ERROR_GPU_IS_LOST",
+        "NVML_ERROR_TIMEOUT",
+        "NVML_BRAND_TESLA",
+        "nvmlEventTypeXidCriticalError",
+        "nvmlEventTypeDoubleBitEccError",
+    ):
         assert getattr(real, name) == getattr(fake_pynvml, name)
     for name, fake_fn in inspect.getmembers(FakeNvml(), inspect.ismethod):
         if not name.startswith("nvml"):
@@ -169,7 +176,12 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
         real_params = list(inspect.signature(getattr(real, name)).parameters)
         assert list(inspect.signature(fake_fn).parameters) == real_params, name
     used = [n for n in dir(nvml.NvmlApi) if n.startswith(("nvml", "NVML"))]
+    assert "nvmlEventSetWait_v2" in used
+    assert "nvmlDeviceRegisterEvents" in used
     assert all(hasattr(real, n) and hasattr(FakeNvml, n) for n in used)
+    # The event data's fields, as the backend reads them from pynvml's ctypes struct.
+    real_fields = [f[0] for f in real.c_nvmlEventData_t._fields_]
+    assert real_fields == list(fake_pynvml._EventData.__dataclass_fields__)
 
 
 async def test_a_container_sees_its_gpu_through_nvidia_visible_devices() -> None:
