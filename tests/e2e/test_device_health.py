@@ -1,0 +1,237 @@
+"""Device health on a real node: a fault becomes a device taint the real scheduler honours, a
+running pod's status shows its device unhealthy (the kubelet's health stream), Events and
+metrics say it; once the device is quiet the taint goes and the device serves again.
+
+The agent runs for the session's node-01 (the tutorial's gpu-0 24Gi and gpu-1 8Gi) with the
+simulated backend's faults file (``DRA_GPU_FAULTS_FILE``) and a short quiet period. Needs
+Kubernetes 1.36+ (device taints on by default; the kubelet's ResourceHealthStatus beta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from dra_gpu import kube
+from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from tests.e2e.helpers import delete_our_slices, events_of, workload
+
+DRIVER = "gpu.example.com"
+RESOURCE = "/apis/resource.k8s.io/v1"
+PROFILE = Path(__file__).resolve().parents[2] / "charts/dra-gpu/profiles/tutorial.yaml"
+QUIET_SECONDS = 8
+
+
+@pytest_asyncio.fixture
+async def health_class(api: kube.Kube) -> AsyncIterator[str]:
+    name = "dra-gpu-test-health"
+    await api.create(
+        f"{RESOURCE}/deviceclasses",
+        {
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        },
+    )
+    yield name
+    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+
+
+@pytest_asyncio.fixture
+async def agent(
+    control_plane: ControlPlane,
+    node_named: dict[str, RealNode],
+    api: kube.Kube,
+    namespace: str,
+    tmp_path: Path,
+) -> AsyncIterator[AgentProcess]:
+    started = AgentProcess.on(
+        node_named["node-01"],
+        control_plane.kubeconfig,
+        tmp_path / "agent",
+        profile=PROFILE,
+        env={
+            "DRA_GPU_FAULTS_FILE": str(tmp_path / "faults.yaml"),
+            "DRA_GPU_HEALTH_QUIET_SECONDS": str(QUIET_SECONDS),
+            "DRA_GPU_HEALTH_POLL_SECONDS": "0.5",
+        },
+    )
+    await started.astart()
+    yield started
+    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
+
+    async def no_pods() -> bool:
+        return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
+
+    await eventually(no_pods, what="test pods gone")
+    started.stop()
+    await delete_our_slices(api, ["node-01"])
+
+
+async def gpu_pod(api: kube.Kube, ns: str, name: str, device_class: str, cel: str) -> None:
+    """Pod ``name`` on node-01 with its own claim ``name`` for one device that ``cel`` admits."""
+    await api.create(
+        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": device_class,
+                                "selectors": [{"cel": {"expression": cel}}],
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [workload("main", claims=["gpu"])],
+                "terminationGracePeriodSeconds": 1,
+            },
+        },
+    )
+
+
+async def allocated_device(api: kube.Kube, ns: str, claim: str) -> str | None:
+    body = await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{claim}")
+    results = (((body.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+        "results"
+    )
+    return str(results[0]["device"]) if results else None
+
+
+async def running(api: kube.Kube, ns: str, pod: str) -> kube.Body | None:
+    body = await api.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+    return body if body["status"].get("phase") == "Running" else None
+
+
+async def delete_pod_and_claim(api: kube.Kube, ns: str, name: str) -> None:
+    await api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+    async def gone() -> bool:
+        try:
+            await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        except kube.ApiError as exc:
+            return exc.not_found
+        return False
+
+    await eventually(gone, what=f"pod {name} gone")
+    await api.delete(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
+
+
+async def gpu0_taints(api: kube.Kube) -> list[kube.Body]:
+    listing = await api.get(
+        f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER},spec.nodeName=node-01"
+    )
+    for body in listing["items"]:
+        for device in body["spec"].get("devices") or []:
+            if device["name"] == "gpu-0":
+                return list(device.get("taints") or [])
+    return []
+
+
+async def node_event(api: kube.Kube, reason: str, text: str) -> kube.Body | None:
+    for event in await events_of(api, "default", kind="Node"):
+        if event.get("reason") == reason and text in (event.get("message") or ""):
+            return event
+    return None
+
+
+def gpu0_health(pod: kube.Body) -> str | None:
+    """What the kubelet says in pod status about node-01's gpu-0 (allocatedResourcesStatus)."""
+    for status in pod["status"].get("containerStatuses") or []:
+        for entry in status.get("allocatedResourcesStatus") or []:
+            for resource in entry.get("resources") or []:
+                if resource.get("resourceID", "").endswith("node-01/gpu-0"):
+                    return str(resource.get("health"))
+    return None
+
+
+async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_quiet(
+    api: kube.Kube, namespace: str, agent: AgentProcess, health_class: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    gpu0 = f'device.attributes["{DRIVER}"].index == 0'
+    # A pod on gpu-0 while it is healthy.
+    await gpu_pod(api, ns, "before", health_class, gpu0)
+    pod = await eventually(lambda: running(api, ns, "before"), what="pod before Running")
+    assert await allocated_device(api, ns, "before") == "gpu-0"
+    assert gpu0_health(pod) in (None, "Healthy")
+
+    # An XID that is neither fatal nor ignored: degraded, NoSchedule (running pods stay).
+    (tmp_path / "faults.yaml").write_text("gpu-0: {xid: 999}\n")
+    [taint] = await eventually(lambda: gpu0_taints(api), what="gpu-0 tainted")
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        "gpu.example.com/xid",
+        "999",
+        "NoSchedule",
+    )
+    assert taint["timeAdded"].endswith("Z")
+    event = await eventually(
+        lambda: node_event(api, "DeviceUnhealthy", "node-01/gpu-0: XID 999"), what="Node Event"
+    )
+    assert event["type"] == "Warning"
+    assert "gpu.example.com/xid=999:NoSchedule" in event["message"]
+    metrics = agent.metrics()
+    assert 'dra_gpu_device_health{node="node-01",device="gpu-0",state="degraded"} 1.0' in metrics
+    assert 'dra_gpu_device_faults_total{node="node-01",cause="xid"} 1.0' in metrics
+
+    # The real kubelet heard it on the health stream and says so in the running pod's status.
+    async def unhealthy_in_pod_status() -> kube.Body | None:
+        body = await api.get(f"/api/v1/namespaces/{ns}/pods/before")
+        return body if gpu0_health(body) == "Unhealthy" else None
+
+    await eventually(unhealthy_in_pod_status, what="pod status: gpu-0 Unhealthy")
+
+    # A new pod that would take either GPU is given gpu-1: the scheduler honours the taint.
+    await delete_pod_and_claim(api, ns, "before")
+    await gpu_pod(api, ns, "during", health_class, "true")
+    await eventually(lambda: running(api, ns, "during"), what="pod during Running")
+    assert await allocated_device(api, ns, "during") == "gpu-1"
+    await delete_pod_and_claim(api, ns, "during")
+
+    # Recovery: after the quiet period the taint goes and gpu-0 serves again.
+    (tmp_path / "faults.yaml").unlink()
+
+    async def untainted() -> bool:
+        return not await gpu0_taints(api)
+
+    await eventually(untainted, what="gpu-0's taint cleared")
+    assert await eventually(
+        lambda: node_event(api, "DeviceRecovered", "node-01/gpu-0: taint"), what="Normal Event"
+    )
+    healthy = 'dra_gpu_device_health{node="node-01",device="gpu-0",state="healthy"} 1.0'
+    assert healthy in agent.metrics()
+    await gpu_pod(api, ns, "after", health_class, gpu0)
+    await eventually(lambda: running(api, ns, "after"), what="pod after Running")
+    assert await allocated_device(api, ns, "after") == "gpu-0"
+
+
+async def test_a_fatal_fault_taints_no_execute(
+    api: kube.Kube, namespace: str, agent: AgentProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "faults.yaml").write_text("gpu-0: {lost: true}\n")
+    [taint] = await eventually(lambda: gpu0_taints(api), what="gpu-0 tainted")
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        "gpu.example.com/lost",
+        "true",
+        "NoExecute",
+    )
+    (tmp_path / "faults.yaml").unlink()
+
+    async def untainted() -> bool:
+        return not await gpu0_taints(api)
+
+    await eventually(untainted, what="gpu-0's taint cleared")
