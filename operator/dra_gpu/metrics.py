@@ -127,6 +127,13 @@ DEVICES = Gauge(
     ["node", "state"],
     registry=CONTROLLER,
 )
+TAINTED_DEVICES = Gauge(
+    "dra_gpu_tainted_devices",
+    "Published devices of our driver with a taint, by node and worst effect (NoSchedule: no "
+    "new claims; NoExecute: their pods are evicted too).",
+    ["node", "effect"],
+    registry=CONTROLLER,
+)
 CLASS_DEVICES = Gauge(
     "dra_gpu_class_devices",
     "Devices that a DeviceClass's selectors admit, by class and state "

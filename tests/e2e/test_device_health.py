@@ -185,8 +185,8 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     assert event["type"] == "Warning"
     assert "gpu.example.com/xid=999:NoSchedule" in event["message"]
     metrics = agent.metrics()
-    assert 'dra_gpu_device_health{node="node-01",device="gpu-0",state="degraded"} 1.0' in metrics
-    assert 'dra_gpu_device_faults_total{node="node-01",cause="xid"} 1.0' in metrics
+    assert 'dra_gpu_device_health{device="gpu-0",node="node-01",state="degraded"} 1.0' in metrics
+    assert 'dra_gpu_device_faults_total{cause="xid",node="node-01"} 1.0' in metrics
 
     # The real kubelet heard it on the health stream and says so in the running pod's status.
     async def unhealthy_in_pod_status() -> kube.Body | None:
@@ -212,7 +212,7 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     assert await eventually(
         lambda: node_event(api, "DeviceRecovered", "node-01/gpu-0: taint"), what="Normal Event"
     )
-    healthy = 'dra_gpu_device_health{node="node-01",device="gpu-0",state="healthy"} 1.0'
+    healthy = 'dra_gpu_device_health{device="gpu-0",node="node-01",state="healthy"} 1.0'
     assert healthy in agent.metrics()
     await gpu_pod(api, ns, "after", health_class, gpu0)
     await eventually(lambda: running(api, ns, "after"), what="pod after Running")

@@ -65,6 +65,7 @@ class Reason(enum.StrEnum):
     NO_DEVICE_FITS = "NoDeviceFits"  # devices of the class exist, none passes the selectors
     NOT_ENOUGH_DEVICES = "NotEnoughDevices"  # some fit, but never `count` of them on one node
     DEVICES_ALLOCATED = "DevicesAllocated"  # enough fit, but other claims hold them
+    DEVICES_TAINTED = "DevicesTainted"  # enough fit, but taints the claim does not tolerate
     NODE_EXCLUDED = "NodeExcluded"  # free fitting devices only on nodes the pod cannot use
     NO_COMMON_NODE = "NoCommonNode"  # every request fits somewhere, but not all on one node
     DRIVER_NOT_READY = "DriverNotReady"  # the kubelet could not prepare (a PrepareFailure)
@@ -84,6 +85,7 @@ class Verdict(enum.StrEnum):
     ERROR = "error"  # a selector failed to evaluate on it
     MISMATCH = "mismatch"  # of the class, but a request selector rules it out
     ALLOCATED = "allocated"  # passes, but another claim holds it
+    TAINTED = "tainted"  # passes, but has a taint the request does not tolerate
     EXCLUDED = "excluded"  # the pod cannot run on its node
     FITS = "fits"
 
@@ -971,13 +973,14 @@ _FITS, _PASSING, _FREE = range(3)
 """Which passing devices ``_fitting_nodes`` counts: those that fit, all, those not allocated."""
 
 # What the hot loop finds for each candidate device: small ints, cheap to compare and count.
-_C_ERROR, _C_MISMATCH, _C_EXCLUDED_ERROR, _C_ALLOCATED, _C_EXCLUDED, _C_FITS = range(6)
+_C_ERROR, _C_MISMATCH, _C_EXCLUDED_ERROR, _C_ALLOCATED, _C_TAINTED, _C_EXCLUDED, _C_FITS = range(7)
 _C_PASSED = _C_ALLOCATED  # this code and those above: every selector accepted the device
 _VERDICT_OF = (
     Verdict.ERROR,
     Verdict.MISMATCH,
     Verdict.EXCLUDED,  # a selector failed with an error, on a node the pod cannot use
     Verdict.ALLOCATED,
+    Verdict.TAINTED,
     Verdict.EXCLUDED,
     Verdict.FITS,
 )
@@ -1034,6 +1037,9 @@ class _RequestCheck:
         self._local: dict[str, list[int]] = {}  # node -> passing, fitting, allocated
         self._anywhere = [0, 0, 0]  # the same for devices of allNodes/nodeSelector slices
         self._fit_drivers: set[str] = set()
+        self._tolerations = tuple(
+            t for t in spec.get("tolerations") or () if isinstance(t, Mapping)
+        )
         self._codes = self._check_candidates()
         self.passing = sum(self._local_totals()) + self._anywhere[0]
         self.notes = tuple(p.note for p in scope.world.incomplete if self._may_hold_class(p))
@@ -1050,6 +1056,7 @@ class _RequestCheck:
         request_outcomes = self._request_outcomes
         exclusion = self.scope.exclusions.get
         held = self.scope.held
+        tolerations = self._tolerations
         local, anywhere = self._local, self._anywhere
         # Per code: the group it counts in (EXCLUDED has two codes), its count, its first few.
         group_of = [self._groups[v] for v in _VERDICT_OF]
@@ -1082,6 +1089,9 @@ class _RequestCheck:
                 if held(device.key):
                     code = _C_ALLOCATED
                     row[2] += 1
+                elif device.taints and _untolerated(device.taints, tolerations):
+                    code = _C_TAINTED
+                    row[2] += 1  # not free, as if allocated: the scheduler skips it
                 else:
                     if excluded is not None:
                         code = _C_EXCLUDED
@@ -1122,6 +1132,9 @@ class _RequestCheck:
         passed = code >= _C_PASSED
         if code == _C_ALLOCATED:
             text = f"{device.label} is allocated to {', '.join(self.scope.holders(device.key))}"
+        elif code == _C_TAINTED:
+            taints = _untolerated(device.taints, self._tolerations)
+            text = f"{device.label} is tainted {', '.join(map(device_taint_text, taints))}"
         elif code == _C_FITS:
             text = f"{device.label} fits"
         else:
@@ -1175,7 +1188,9 @@ class _RequestCheck:
         if not self._fitting_nodes(_PASSING, respect_exclusion=False):
             reason = Reason.NOT_ENOUGH_DEVICES
         elif not self._fitting_nodes(_FREE, respect_exclusion=False):
-            reason = Reason.DEVICES_ALLOCATED
+            allocated = self._groups[Verdict.ALLOCATED].count
+            tainted = self._groups[Verdict.TAINTED].count
+            reason = Reason.DEVICES_TAINTED if tainted > allocated else Reason.DEVICES_ALLOCATED
         else:
             reason = Reason.NODE_EXCLUDED
         return self._failure(reason, f"{self._headline()}: {self._all_items()}")
@@ -1218,6 +1233,7 @@ class _RequestCheck:
         groups = [
             (self.group(Verdict.MISMATCH), "more do not match"),
             (self.group(Verdict.ALLOCATED), "more are allocated"),
+            (self.group(Verdict.TAINTED), "more are tainted"),
             (self.group(Verdict.EXCLUDED), "more are on excluded nodes"),
             (self.group(Verdict.FITS), "more fit"),
         ]
@@ -1312,6 +1328,36 @@ class _RequestCheck:
             notes=self.notes,
             nodes=nodes,
         )
+
+
+# --- device taints -------------------------------------------------------------------------
+
+
+def _untolerated(taints: Sequence[Body], tolerations: Sequence[Body]) -> tuple[Body, ...]:
+    """The taints (NoSchedule/NoExecute) that no toleration of the request tolerates."""
+    return tuple(t for t in taints if not any(_tolerates(x, t) for x in tolerations))
+
+
+def _tolerates(toleration: Body, taint: Body) -> bool:
+    # resource.k8s.io/v1 DeviceToleration: an empty key with Exists matches every key; an
+    # empty effect matches every effect; operator defaults to Equal.
+    effect = toleration.get("effect")
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if toleration.get("operator", "Equal") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def device_taint_text(taint: Body) -> str:
+    """``gpu.example.com/xid=79:NoExecute since 12:03`` (UTC, from ``timeAdded``)."""
+    value = taint.get("value")
+    text = f"{taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')}"
+    added = taint.get("timeAdded")
+    if isinstance(added, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d.*", added):
+        text += f" since {added[11:16]}"
+    return text
 
 
 # --- selectors in plain words ------------------------------------------------------------

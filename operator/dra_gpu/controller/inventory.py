@@ -69,6 +69,22 @@ class PublishedDevice:
             return 0
 
     @functools.cached_property
+    def taints(self) -> tuple[Body, ...]:
+        """The device's taints that keep claims off it (``NoSchedule``, ``NoExecute``); a
+        ``None`` or unknown effect does not (as the API says consumers must treat it)."""
+        return tuple(
+            t
+            for t in self.body.get("taints") or ()
+            if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")
+        )
+
+    @property
+    def worst_effect(self) -> str | None:
+        """NoExecute, NoSchedule, or None for an untainted device."""
+        effects = {t.get("effect") for t in self.taints}
+        return "NoExecute" if "NoExecute" in effects else ("NoSchedule" if effects else None)
+
+    @functools.cached_property
     def values(self) -> cel.DeviceValues:
         """The device as CEL selectors see it, checked once."""
         return cel.DeviceValues(self.driver, self.body)
@@ -326,6 +342,9 @@ class Counts:
     allocated: int = 0
     memory: int = 0
     memory_allocated: int = 0
+    tainted_no_schedule: int = 0
+    """Devices whose worst taint is NoSchedule."""
+    tainted_no_execute: int = 0
 
     @property
     def free(self) -> int:
@@ -335,7 +354,7 @@ class Counts:
 def per_node(
     devices: Sequence[PublishedDevice], held: Mapping[DeviceKey, str], driver: str
 ) -> dict[str, Counts]:
-    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
+    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for device in devices:
         if device.driver != driver:
             continue
@@ -345,4 +364,7 @@ def per_node(
         row[1] += taken
         row[2] += device.memory_bytes
         row[3] += device.memory_bytes if taken else 0
+        effect = device.worst_effect
+        if effect is not None:
+            row[4 if effect == "NoSchedule" else 5] += 1
     return {node: Counts(*row) for node, row in totals.items()}

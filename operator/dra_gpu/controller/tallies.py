@@ -27,8 +27,10 @@ from dra_gpu.controller.view import Changes, ClusterView, PoolKey
 
 log = logging.getLogger(__name__)
 
-NodeRow = tuple[int, int, int, int]
-"""published, allocated, memory bytes, memory bytes allocated."""
+NodeRow = tuple[int, int, int, int, int, int]
+"""published, allocated, memory bytes, memory bytes allocated, tainted NoSchedule (only),
+tainted NoExecute."""
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 ClassRow = tuple[int, int, int]
 """devices of our driver admitted, those allocated, devices of any driver admitted."""
 
@@ -109,7 +111,7 @@ class Tally:
                 row = self._class_row(view, compiled, pool)
                 if any(row):
                     class_rows[name] = row
-        nodes = self._replace(self.nodes, self._pool_nodes, key, node_rows, 4)
+        nodes = self._replace(self.nodes, self._pool_nodes, key, node_rows, 6)
         classes = self._replace(self.admitted, self._pool_classes, key, class_rows, 3)
         return nodes, classes
 
@@ -140,13 +142,16 @@ class Tally:
         if pool.driver != self.driver:
             return {}
         for device in pool.devices:
-            row = rows.setdefault(device.node or "", [0, 0, 0, 0])
+            row = rows.setdefault(device.node or "", [0, 0, 0, 0, 0, 0])
             taken = device.key in view.holders
             row[0] += 1
             row[1] += taken
             row[2] += device.memory_bytes
             row[3] += device.memory_bytes if taken else 0
-        return {node: (r[0], r[1], r[2], r[3]) for node, r in rows.items()}
+            effect = device.worst_effect
+            if effect is not None:
+                row[4 if effect == "NoSchedule" else 5] += 1
+        return {node: (r[0], r[1], r[2], r[3], r[4], r[5]) for node, r in rows.items()}
 
     def _class_row(
         self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool
@@ -165,13 +170,17 @@ class Tally:
 
     def _set_gauges(self, nodes: Iterable[str], classes: Iterable[str], view: ClusterView) -> None:
         for node in nodes:
-            published, allocated, memory, memory_allocated = self.nodes[node]
+            published, allocated, memory, memory_allocated, *tainted = self.nodes[node]
             if published == 0:  # no device of ours on it any more: drop its series
                 del self.nodes[node]
                 for state in ("published", "allocated", "free"):
                     _remove(metrics.DEVICES, node, state)
                     _remove(metrics.MEMORY, node, state)
+                for effect in TAINT_EFFECTS:
+                    _remove(metrics.TAINTED_DEVICES, node, effect)
                 continue
+            for effect, count in zip(TAINT_EFFECTS, tainted, strict=True):
+                metrics.TAINTED_DEVICES.labels(node, effect).set(count)
             metrics.DEVICES.labels(node, "published").set(published)
             metrics.DEVICES.labels(node, "allocated").set(allocated)
             metrics.DEVICES.labels(node, "free").set(published - allocated)

@@ -759,3 +759,51 @@ def test_devices_of_all_nodes_slices_fit_on_every_eligible_node() -> None:
     assert result.reason == Reason.SATISFIABLE
     assert result.requests[0].nodes == ("node-01",)
     assert result.requests[0].devices[0].label == "shared/gpu-0"
+
+
+# --- device taints (Kubernetes 1.36+: the scheduler skips a device it is tainted off) --------
+
+XID_79 = {
+    "key": "gpu.example.com/xid",
+    "value": "79",
+    "effect": "NoExecute",
+    "timeAdded": "2026-03-01T12:03:00Z",
+}
+
+
+def tainted_tutorial_slice(*taints: Body) -> Body:
+    body = tutorial_slice()
+    for device in body["spec"]["devices"]:
+        if device["name"] == "gpu-0":
+            device["taints"] = list(taints)
+    return body
+
+
+def test_a_tainted_gpu_is_named_with_its_taint_and_since_when() -> None:
+    result = explain_tutorial(slices=[tainted_tutorial_slice(XID_79)])
+    assert result.reason == Reason.DEVICES_TAINTED
+    assert result.message == (
+        "request gpu: no device fits: node-01/gpu-1 has memory 8Gi, needs >= 24Gi; "
+        "node-01/gpu-0 is tainted gpu.example.com/xid=79:NoExecute since 12:03"
+    )
+    assert piece(result, "devices").satisfied is False
+
+
+def test_a_tolerated_or_effectless_taint_keeps_the_device_usable() -> None:
+    claim = template_claim()
+    claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+        {"key": "gpu.example.com/xid", "operator": "Exists", "effect": "NoExecute"}
+    ]
+    tainted = [tainted_tutorial_slice(XID_79)]
+    assert explain_tutorial(claim, slices=tainted).reason == Reason.SATISFIABLE
+    harmless = [tainted_tutorial_slice({**XID_79, "effect": "None"})]
+    assert explain_tutorial(slices=harmless).reason == Reason.SATISFIABLE
+    other_value = template_claim()
+    other_value["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+        {"key": "gpu.example.com/xid", "value": "48"}
+    ]
+    assert explain_tutorial(other_value, slices=tainted).reason == Reason.DEVICES_TAINTED
+
+
+def test_device_taint_text_without_value_or_time() -> None:
+    assert explain.device_taint_text({"key": "k", "effect": "NoSchedule"}) == "k:NoSchedule"

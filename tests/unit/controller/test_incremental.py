@@ -82,6 +82,9 @@ def slices(draw: st.DrawFn) -> Body:
         product = draw(names(["A", "B", None]))
         if product is not None:
             device["attributes"] = {"product": {"string": product}}
+        effect = draw(names([None, None, "NoSchedule", "NoExecute", "None"]))
+        if effect is not None:
+            device["taints"] = [{"key": f"{DRIVER}/xid", "value": "79", "effect": effect}]
         devices.append(device)
     spec: Body = {
         "driver": driver,
@@ -359,7 +362,14 @@ class Cluster:
         devices, problems = inventory.current_pools(slices)
         held = inventory.allocated(claims.values())
         expected_nodes = {
-            node: (c.published, c.allocated, c.memory, c.memory_allocated)
+            node: (
+                c.published,
+                c.allocated,
+                c.memory,
+                c.memory_allocated,
+                c.tainted_no_schedule,
+                c.tainted_no_execute,
+            )
             for node, c in inventory.per_node(devices, held, DRIVER).items()
         }
         assert {n: tuple(v) for n, v in self.tally.nodes.items() if v[0]} == expected_nodes
