@@ -31,6 +31,7 @@ def test_rules_select_the_jobs_of_the_charts_monitors() -> None:
         "DraGpuCheckpointCorrupted",
         "DraGpuClaimsPendingWhileDevicesFree",
         "DraGpuControllerNoLeader",
+        "DraGpuDeviceUnhealthy",
         "DraGpuInconsistentPools",
         "DraGpuNoFreeDeviceInClass",
         "DraGpuPluginNotRegistered",
