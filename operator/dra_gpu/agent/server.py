@@ -165,7 +165,7 @@ async def _watch_health(
 ) -> AsyncIterator[_HealthResponse]:
     """Both versions' NodeWatchResources: every device, now, on each change, and periodically."""
     loop = asyncio.get_running_loop()
-    log.info("the kubelet watches device health (%s)", response.DESCRIPTOR.full_name)
+    log.info("the kubelet watches device health (%s)", type(response()).DESCRIPTOR.full_name)
     while True:
         seen = source.version
         reports = await source.device_reports()
