@@ -150,11 +150,12 @@ async def node_event(api: kube.Kube, reason: str, text: str) -> kube.Body | None
 
 
 def gpu0_health(pod: kube.Body) -> str | None:
-    """What the kubelet says in pod status about node-01's gpu-0 (allocatedResourcesStatus)."""
+    """What the kubelet says in pod status about gpu-0 (allocatedResourcesStatus; the resource
+    ID is the device's first CDI ID, ``k8s.gpu.example.com/gpu=<claim uid>-gpu-0``)."""
     for status in pod["status"].get("containerStatuses") or []:
         for entry in status.get("allocatedResourcesStatus") or []:
             for resource in entry.get("resources") or []:
-                if resource.get("resourceID", "").endswith("node-01/gpu-0"):
+                if resource.get("resourceID", "").endswith("-gpu-0"):
                     return str(resource.get("health"))
     return None
 

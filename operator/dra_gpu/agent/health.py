@@ -113,7 +113,7 @@ class HealthMonitor:
                 continue
             since = min(t.time_added for t in taints[name])
             listed = ", ".join(map(str, taints[name]))
-            message = f"{fault.message}; tainted {listed}"
+            message = f"{fault.message} at {health.format_time(since)}; tainted {listed}"
             reports.append(DeviceReport(name, False, message, int(since.timestamp())))
         return reports
 

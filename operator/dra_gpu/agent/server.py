@@ -33,6 +33,7 @@ import datetime
 import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -170,8 +171,9 @@ async def _watch_health(
         seen = source.version
         reports = await source.device_reports()
         message = response()
+        now = int(time.time())
         for report in reports:
-            _add_report(message, pool, report)
+            _add_report(message, pool, report, now)
         yield message
         deadline = loop.time() + resend_seconds
         async with source.changed:
@@ -184,13 +186,16 @@ def _add_report(
     message: health_v1.NodeWatchResourcesResponse | health_v1alpha1.NodeWatchResourcesResponse,
     pool: str,
     report: DeviceReport,
+    now: int,
 ) -> None:
     entry = message.devices.add()
     entry.device.pool_name = pool
     entry.device.device_name = report.device
     # The enum values are the same in both versions (UNKNOWN 0, HEALTHY 1, UNHEALTHY 2).
     entry.health = health_v1.HEALTHY if report.healthy else health_v1.UNHEALTHY
-    entry.last_updated_time = report.since
+    # When we last looked, not when the state began: the kubelet reads it as freshness and
+    # turns a device older than its timeout (30 s) into Unknown.
+    entry.last_updated_time = now
     entry.message = report.message
 
 
