@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest_asyncio
 
 from dra_gpu import kube
-from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from dra_gpu.controller.reporter import COMPONENT
+from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
 from tests.e2e.helpers import delete_our_slices, events_of, workload
 
 DRIVER = "gpu.example.com"
@@ -160,8 +161,24 @@ def gpu0_health(pod: kube.Body) -> str | None:
     return None
 
 
+async def explained(api: kube.Kube, ns: str, text: str) -> kube.Body | None:
+    """The controller's explanation on a claim of ``ns`` that contains ``text``."""
+    listing = await api.get(
+        f"/api/v1/namespaces/{ns}/events", fieldSelector="involvedObject.kind=ResourceClaim"
+    )
+    for event in listing["items"]:
+        if event.get("reportingComponent") == COMPONENT and text in event["message"]:
+            return dict(event)
+    return None
+
+
 async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_quiet(
-    api: kube.Kube, namespace: str, agent: AgentProcess, health_class: str, tmp_path: Path
+    api: kube.Kube,
+    namespace: str,
+    agent: AgentProcess,
+    controller: ControllerProcess,
+    health_class: str,
+    tmp_path: Path,
 ) -> None:
     ns = namespace
     gpu0 = f'device.attributes["{DRIVER}"].index == 0'
@@ -203,6 +220,22 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     assert await allocated_device(api, ns, "during") == "gpu-1"
     await delete_pod_and_claim(api, ns, "during")
 
+    # A pod that asks for gpu-0 itself waits, and the controller says why.
+    await gpu_pod(api, ns, "after", health_class, gpu0)
+    event = await eventually(
+        lambda: explained(api, ns, "is tainted"), what="the controller names the taint"
+    )
+    since = taint["timeAdded"][11:16]
+    named = f"node-01/gpu-0 is tainted gpu.example.com/xid=999:NoSchedule since {since}"
+    assert named in event["message"], event["message"]
+    assert event["reason"] == "DevicesTainted"
+
+    def counted() -> bool:
+        line = 'dra_gpu_tainted_devices{effect="NoSchedule",node="node-01"} 1.0'
+        return line in controller.metrics()
+
+    await eventually(counted, what="the controller counts the tainted device")
+
     # Recovery: after the quiet period the taint goes and gpu-0 serves again.
     (tmp_path / "faults.yaml").unlink()
 
@@ -215,14 +248,17 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     )
     healthy = 'dra_gpu_device_health{device="gpu-0",node="node-01",state="healthy"} 1.0'
     assert healthy in agent.metrics()
-    await gpu_pod(api, ns, "after", health_class, gpu0)
+    # The pod that waited gets gpu-0 now.
     await eventually(lambda: running(api, ns, "after"), what="pod after Running")
     assert await allocated_device(api, ns, "after") == "gpu-0"
 
 
-async def test_a_fatal_fault_taints_no_execute(
-    api: kube.Kube, namespace: str, agent: AgentProcess, tmp_path: Path
+async def test_a_fatal_fault_taints_no_execute_and_its_pod_is_evicted(
+    api: kube.Kube, namespace: str, agent: AgentProcess, health_class: str, tmp_path: Path
 ) -> None:
+    ns = namespace
+    await gpu_pod(api, ns, "victim", health_class, f'device.attributes["{DRIVER}"].index == 0')
+    await eventually(lambda: running(api, ns, "victim"), what="pod victim Running")
     (tmp_path / "faults.yaml").write_text("gpu-0: {lost: true}\n")
     [taint] = await eventually(lambda: gpu0_taints(api), what="gpu-0 tainted")
     assert (taint["key"], taint["value"], taint["effect"]) == (
@@ -230,6 +266,18 @@ async def test_a_fatal_fault_taints_no_execute(
         "true",
         "NoExecute",
     )
+
+    # kube-controller-manager's device-taint-eviction-controller (1.36+) deletes the pod.
+    async def evicted() -> kube.Body | None:
+        try:
+            body = await api.get(f"/api/v1/namespaces/{ns}/pods/victim")
+        except kube.ApiError as exc:
+            return {"gone": True} if exc.not_found else None
+        conditions = body["status"].get("conditions") or []
+        marked = any(c.get("reason") == "DeletionByDeviceTaintManager" for c in conditions)
+        return body if marked and body["metadata"].get("deletionTimestamp") else None
+
+    await eventually(evicted, what="pod victim evicted for the NoExecute taint")
     (tmp_path / "faults.yaml").unlink()
 
     async def untainted() -> bool:
