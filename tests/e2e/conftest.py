@@ -66,10 +66,12 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 @pytest.fixture(scope="session")
-def node_runtime(control_plane: ControlPlane) -> NodeRuntime:
+def node_runtime(control_plane: ControlPlane, short_root: Path) -> NodeRuntime:
     containerd = _built("build-containerd.sh", "DRA_GPU_CONTAINERD_DIR")
     images = _built("build-images.sh", "DRA_GPU_IMAGES_DIR")
-    return NodeRuntime.from_builds(control_plane.bin_dir, containerd, images)
+    runtime = NodeRuntime.from_builds(control_plane.bin_dir, containerd, images)
+    # The session's own links: a rebuild meanwhile (code edited while tests run) prunes the cache.
+    return runtime.pinned(short_root / "images")
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,22 @@ class NodeRuntime:
             images=tuple(images_dir / archive for archive in sorted(listed)),
         )
 
+    def pinned(self, directory: Path) -> NodeRuntime:
+        """The same runtime with its image archives linked (or copied) into ``directory``: a
+        later build of the images prunes old ones from the cache, and the nodes a running test
+        session starts still import these."""
+        directory.mkdir(parents=True, exist_ok=True)
+        kept = []
+        for image in self.images:
+            copy = directory / image.name
+            if not copy.exists():
+                try:
+                    os.link(image, copy)
+                except OSError:  # another filesystem
+                    shutil.copyfile(image, copy)
+            kept.append(copy)
+        return dataclasses.replace(self, images=tuple(kept))
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=str)
 
