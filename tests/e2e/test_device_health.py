@@ -202,6 +202,16 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     )
     assert event["type"] == "Warning"
     assert "gpu.example.com/xid=999:NoSchedule" in event["message"]
+
+    async def claim_event() -> kube.Body | None:
+        for found in await events_of(api, ns, kind="ResourceClaim"):
+            if found.get("reason") == "DeviceUnhealthy":
+                return found
+        return None
+
+    on_claim = await eventually(claim_event, what="DeviceUnhealthy on the claim using gpu-0")
+    assert on_claim["involvedObject"]["name"] == "before"
+    assert on_claim["message"] == event["message"]
     metrics = agent.metrics()
     assert 'dra_gpu_device_health{device="gpu-0",node="node-01",state="degraded"} 1.0' in metrics
     assert 'dra_gpu_device_faults_total{cause="xid",node="node-01"} 1.0' in metrics

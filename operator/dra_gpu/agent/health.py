@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import NoReturn, Protocol
 
 from dra_gpu import events, kube, metrics
@@ -28,6 +28,16 @@ log = logging.getLogger(__name__)
 COMPONENT = "dra-gpu-agent"
 UNHEALTHY_REASON = "DeviceUnhealthy"
 RECOVERED_REASON = "DeviceRecovered"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimOnDevice:
+    """A claim this agent prepared, and the devices of this node's pool it holds."""
+
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +76,7 @@ class HealthMonitor:
         poll_seconds: float = 2.0,
         on_change: Callable[[], None] = lambda: None,
         inventory: Callable[[], Awaitable[model.Inventory]] | None = None,
+        claims: Callable[[], Iterable[ClaimOnDevice]] = tuple,
         clock: Callable[[], datetime.datetime] = _now,
     ) -> None:
         self.api = api
@@ -77,6 +88,8 @@ class HealthMonitor:
         """Called after every change of the taints (the publisher's ``trigger``)."""
         self.inventory = inventory
         """The devices to report metrics for (the publisher's last inventory)."""
+        self.claims = claims
+        """The prepared claims (from the checkpoint): each gets the Event of its devices too."""
         self.clock = clock
         self.tracker = health.HealthTracker(driver, quiet_seconds)
         self.changed = asyncio.Condition()
@@ -180,15 +193,30 @@ class HealthMonitor:
             log.info("%s", message)
         if self.api is None:
             return
-        await events.post(
-            self.api,
-            {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": await self._node_uid()},
-            type_=type_,
-            reason=reason,
-            message=message,
-            component=COMPONENT,
-            host=self.node,
-        )
+        regarding = [
+            {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": await self._node_uid()}
+        ]
+        regarding += [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "namespace": claim.namespace,
+                "name": claim.name,
+                "uid": claim.uid,
+            }
+            for claim in self.claims()
+            if change.device in claim.devices
+        ]
+        for ref in regarding:
+            await events.post(
+                self.api,
+                ref,
+                type_=type_,
+                reason=reason,
+                message=message,
+                component=COMPONENT,
+                host=self.node,
+            )
 
     async def _node_uid(self) -> str:
         assert self.api is not None

@@ -31,7 +31,7 @@ from dra_gpu.agent import lean  # noqa: F401  (first: before anything loads kube
 
 from dra_gpu import events, httpserver, kube, metrics
 from dra_gpu.agent import cdi, checkpoint, claims, server
-from dra_gpu.agent.health import HealthMonitor
+from dra_gpu.agent.health import ClaimOnDevice, HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
 from dra_gpu.agent.status import StatusWriter
@@ -127,6 +127,15 @@ async def _run(
         inventory=publisher.inventory,
         status=status_writer,
     )
+    monitor.claims = lambda: [
+        ClaimOnDevice(
+            c.namespace,
+            c.name,
+            c.uid,
+            tuple(d.device for d in c.devices if d.pool == settings.node_name),
+        )
+        for c in state.prepared.claims.values()
+    ]
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)
