@@ -167,7 +167,7 @@ class SlicePublisher:
         tainted = [f"{d.name} {', '.join(map(str, d.taints))}" for d in devices if d.taints]
         log.info(
             "published %d devices of node %s in %d slice(s), generation %d%s",
-            len(inventory.devices),
+            sum(d.healthy for d in devices),
             self.node,
             len(wanted),
             generation,
