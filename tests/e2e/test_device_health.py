@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
@@ -23,6 +24,18 @@ DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
 PROFILE = Path(__file__).resolve().parents[2] / "charts/dra-gpu/profiles/tutorial.yaml"
 QUIET_SECONDS = 8
+
+
+async def server_minor(api: kube.Kube) -> int:
+    version = await api.get("/version")
+    return int(str(version["minor"]).rstrip("+"))
+
+
+@pytest_asyncio.fixture
+async def taints_on(api: kube.Kube) -> None:
+    """Device taints and the kubelet's health stream are on by default from 1.36."""
+    if await server_minor(api) < 36:
+        pytest.skip("device taints (DRADeviceTaints) are off before Kubernetes 1.36")
 
 
 @pytest_asyncio.fixture
@@ -179,6 +192,7 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     controller: ControllerProcess,
     health_class: str,
     tmp_path: Path,
+    taints_on: None,
 ) -> None:
     ns = namespace
     gpu0 = f'device.attributes["{DRIVER}"].index == 0'
@@ -264,7 +278,12 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
 
 
 async def test_a_fatal_fault_taints_no_execute_and_its_pod_is_evicted(
-    api: kube.Kube, namespace: str, agent: AgentProcess, health_class: str, tmp_path: Path
+    api: kube.Kube,
+    namespace: str,
+    agent: AgentProcess,
+    health_class: str,
+    tmp_path: Path,
+    taints_on: None,
 ) -> None:
     ns = namespace
     await gpu_pod(api, ns, "victim", health_class, f'device.attributes["{DRIVER}"].index == 0')
@@ -294,3 +313,30 @@ async def test_a_fatal_fault_taints_no_execute_and_its_pod_is_evicted(
         return not await gpu0_taints(api)
 
     await eventually(untainted, what="gpu-0's taint cleared")
+
+
+async def gpu0_published(api: kube.Kube) -> bool:
+    listing = await api.get(
+        f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER},spec.nodeName=node-01"
+    )
+    names = {d["name"] for b in listing["items"] for d in b["spec"].get("devices") or []}
+    return "gpu-0" in names
+
+
+async def test_without_device_taints_a_faulty_gpu_leaves_the_pool_until_quiet(
+    api: kube.Kube, agent: AgentProcess, tmp_path: Path
+) -> None:
+    """On 1.35 the API server drops device taints: the agent notices and leaves the device out
+    instead, and publishes it again once it has been quiet."""
+    if await server_minor(api) >= 36:
+        pytest.skip("device taints are on from Kubernetes 1.36 (the other tests cover them)")
+    assert await eventually(lambda: gpu0_published(api), what="gpu-0 published")
+    (tmp_path / "faults.yaml").write_text("gpu-0: {lost: true}\n")
+
+    async def left_out() -> bool:
+        return not await gpu0_published(api)
+
+    await eventually(left_out, what="gpu-0 left out of the pool")
+    assert "dropped the device taints" in agent.log_file.read_text()
+    (tmp_path / "faults.yaml").unlink()
+    await eventually(lambda: gpu0_published(api), what="gpu-0 published again")
