@@ -3,8 +3,10 @@ running pod's status shows its device unhealthy (the kubelet's health stream), E
 metrics say it; once the device is quiet the taint goes and the device serves again.
 
 The agent runs for the session's node-01 (the tutorial's gpu-0 24Gi and gpu-1 8Gi) with the
-simulated backend's faults file (``DRA_GPU_FAULTS_FILE``) and a short quiet period. Needs
-Kubernetes 1.36+ (device taints on by default; the kubelet's ResourceHealthStatus beta).
+simulated backend's faults file (``DRA_GPU_FAULTS_FILE``) and a short quiet period. Device
+taints and the kubelet's ResourceHealthStatus are on by default from Kubernetes 1.36; on 1.35
+the API server drops taints, and the same tests check the agent's fallback there instead: the
+faulty device leaves the pool and comes back once quiet.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
@@ -31,11 +32,9 @@ async def server_minor(api: kube.Kube) -> int:
     return int(str(version["minor"]).rstrip("+"))
 
 
-@pytest_asyncio.fixture
-async def taints_on(api: kube.Kube) -> None:
+async def taints_served(api: kube.Kube) -> bool:
     """Device taints and the kubelet's health stream are on by default from 1.36."""
-    if await server_minor(api) < 36:
-        pytest.skip("device taints (DRADeviceTaints) are off before Kubernetes 1.36")
+    return await server_minor(api) >= 36
 
 
 @pytest_asyncio.fixture
@@ -192,8 +191,10 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
     controller: ControllerProcess,
     health_class: str,
     tmp_path: Path,
-    taints_on: None,
 ) -> None:
+    if not await taints_served(api):
+        await left_out_until_quiet(api, agent, tmp_path, "gpu-0: {xid: 999}\n")
+        return
     ns = namespace
     gpu0 = f'device.attributes["{DRIVER}"].index == 0'
     # A pod on gpu-0 while it is healthy.
@@ -283,8 +284,10 @@ async def test_a_fatal_fault_taints_no_execute_and_its_pod_is_evicted(
     agent: AgentProcess,
     health_class: str,
     tmp_path: Path,
-    taints_on: None,
 ) -> None:
+    if not await taints_served(api):
+        await left_out_until_quiet(api, agent, tmp_path, "gpu-0: {lost: true}\n")
+        return
     ns = namespace
     await gpu_pod(api, ns, "victim", health_class, f'device.attributes["{DRIVER}"].index == 0')
     await eventually(lambda: running(api, ns, "victim"), what="pod victim Running")
@@ -323,15 +326,13 @@ async def gpu0_published(api: kube.Kube) -> bool:
     return "gpu-0" in names
 
 
-async def test_without_device_taints_a_faulty_gpu_leaves_the_pool_until_quiet(
-    api: kube.Kube, agent: AgentProcess, tmp_path: Path
+async def left_out_until_quiet(
+    api: kube.Kube, agent: AgentProcess, tmp_path: Path, fault: str
 ) -> None:
-    """On 1.35 the API server drops device taints: the agent notices and leaves the device out
-    instead, and publishes it again once it has been quiet."""
-    if await server_minor(api) >= 36:
-        pytest.skip("device taints are on from Kubernetes 1.36 (the other tests cover them)")
+    """Before 1.36 the API server drops device taints: the agent notices and leaves the device
+    out instead, and publishes it again once it has been quiet."""
     assert await eventually(lambda: gpu0_published(api), what="gpu-0 published")
-    (tmp_path / "faults.yaml").write_text("gpu-0: {lost: true}\n")
+    (tmp_path / "faults.yaml").write_text(fault)
 
     async def left_out() -> bool:
         return not await gpu0_published(api)
