@@ -223,6 +223,23 @@ def test_extra_device_classes_keep_the_driver_selector() -> None:
     assert expressions[0] == 'device.driver == "gpu.acme.io"'
     assert 'compareTo(quantity("24Gi")) >= 0' in expressions[1]
     assert classes["gpu-shared"]["config"][0]["opaque"]["driver"] == "gpu.acme.io"
+    assert classes["gpu-24gi"]["extendedResourceName"] == "gpu.acme.io/gpu-24gi"
+    assert "extendedResourceName" not in classes["gpu-shared"]
+
+
+def test_default_class_answers_extended_resource_requests() -> None:
+    (default,) = [d for d in render() if d["kind"] == "DeviceClass"]
+    assert default["spec"]["extendedResourceName"] == "gpu.example.com/gpu"
+    (acme,) = [d for d in render("--set", "driverName=gpu.acme.io") if d["kind"] == "DeviceClass"]
+    assert acme["spec"]["extendedResourceName"] == "gpu.acme.io/gpu"
+    migrating = render("--set", "deviceClasses.default.extendedResource.name=nvidia.com/gpu")
+    assert find(migrating, "DeviceClass")["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    full = render("--values", str(FULL_VALUES))
+    assert find(full, "DeviceClass", "acme-gpu")["spec"]["extendedResourceName"] == (
+        "nvidia.com/gpu"
+    )
+    off = render("--set", "deviceClasses.default.extendedResource.enabled=false")
+    assert "extendedResourceName" not in find(off, "DeviceClass")["spec"]
 
 
 def test_prometheus_operator_objects_only_when_enabled() -> None:
@@ -259,6 +276,18 @@ def test_policy_matches_exactly_the_agent_service_account() -> None:
         ({"agent": {"backend": "cuda"}}, "/agent/backend"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
         ({"driverName": "Not A DNS Name"}, "/driverName"),
+        (
+            {"deviceClasses": {"default": {"extendedResource": {"name": "gpu"}}}},
+            "/deviceClasses/default/extendedResource/name",
+        ),
+        (
+            {"deviceClasses": {"default": {"extendedResource": {"name": "kubernetes.io/gpu"}}}},
+            "/deviceClasses/default/extendedResource/name",
+        ),
+        (
+            {"deviceClasses": {"extra": [{"name": "x", "extendedResourceName": "a b/c"}]}},
+            "/deviceClasses/extra/0/extendedResourceName",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(

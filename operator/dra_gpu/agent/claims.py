@@ -46,11 +46,24 @@ class AllocatedDevice:
     """As in the allocation result: ``gpu`` or, for a ``firstAvailable`` request, ``gpu/large``."""
     pool: str
     device: str
+    admin_access: bool = False
+    """The result's ``adminAccess``: the device is shared with whoever else holds it (a
+    monitoring claim), so the agent must not configure it for this claim alone."""
 
     @property
     def base_request(self) -> str:
         """The top-level request name, which containers reference (never ``gpu/large``)."""
         return self.request.split("/", 1)[0]
+
+
+ADMIN_ACCESS_ENV = "DRA_GPU_ADMIN_ACCESS"
+"""Set to ``true`` in the container's environment for a device allocated with admin access:
+the container sees the device as any claim would (the backend's variables), and this says it
+is a monitoring view of a device that others may be using at the same time."""
+
+
+def admin_access_env(device: AllocatedDevice) -> dict[str, str]:
+    return {ADMIN_ACCESS_ENV: "true"} if device.admin_access else {}
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -104,7 +117,10 @@ def allocated_devices(
         raise ClaimError(
             f"ResourceClaim {ref}: devices {', '.join(foreign)} are not in pool {pool} of this node"
         )
-    return [AllocatedDevice(r["request"], r["pool"], r["device"]) for r in ours]
+    return [
+        AllocatedDevice(r["request"], r["pool"], r["device"], r.get("adminAccess") is True)
+        for r in ours
+    ]
 
 
 def stale_reason(

@@ -311,6 +311,7 @@ class DeviceState:
             env = {
                 **self._container_env(position, device),
                 **configs[alloc.request].container_env(),
+                **claims.admin_access_env(alloc),
             }
             spec_devices.append((alloc.device, env))
         spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
@@ -356,11 +357,13 @@ class DeviceState:
         entries = []
         for alloc in allocated:
             device = devices[alloc.device]
-            data = {
+            data: dict[str, Any] = {
                 "uuid": device.uuid,
                 "productName": device.product_name or "",
                 "memory": device.memory or "",
             }
+            if alloc.admin_access:
+                data["adminAccess"] = True
             entries.append(claims.device_status(self.driver, alloc.pool, alloc.device, data, now))
         return entries
 

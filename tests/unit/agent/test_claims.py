@@ -2,14 +2,17 @@
 
 import re
 import uuid
+from typing import Any
 
 import pytest
 
 from dra_gpu.agent.claims import (
+    ADMIN_ACCESS_ENV,
     AllocatedDevice,
     ClaimError,
     ClaimRef,
     ClaimUID,
+    admin_access_env,
     allocated_devices,
     check_identity,
     check_request,
@@ -19,7 +22,7 @@ from dra_gpu.agent.claims import (
 REF = ClaimRef("ns", "c", ClaimUID("u1"))
 
 
-def claim(results: list[dict[str, str]] | None) -> dict[str, object]:
+def claim(results: list[dict[str, Any]] | None) -> dict[str, object]:
     status = {} if results is None else {"allocation": {"devices": {"results": results}}}
     return {"metadata": {"uid": "u1"}, "status": status}
 
@@ -39,6 +42,15 @@ def test_only_our_drivers_results_are_taken_with_base_request_names() -> None:
     devices = allocated_devices(body, REF, "gpu.example.com", "node-01")
     assert devices == [AllocatedDevice("g/large", "node-01", "gpu-0")]
     assert devices[0].base_request == "g"
+
+
+def test_an_admin_access_result_is_prepared_as_a_monitoring_view() -> None:
+    result: dict[str, Any] = {"driver": "d", "pool": "node-01", "device": "gpu-0", "request": "m"}
+    body = claim([{**result, "adminAccess": True}, {**result, "device": "gpu-1"}])
+    admin, plain = allocated_devices(body, REF, "d", "node-01")
+    assert (admin.admin_access, plain.admin_access) == (True, False)
+    assert admin_access_env(admin) == {ADMIN_ACCESS_ENV: "true"}
+    assert admin_access_env(plain) == {}
 
 
 def test_a_device_from_another_nodes_pool_is_refused() -> None:
