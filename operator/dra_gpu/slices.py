@@ -31,7 +31,8 @@ NODE_LABEL = "resource.dra-gpu.io/node"
 """The node's name, or a shortened unique form if it is longer than a label value may be (63)."""
 MAX_DEVICES_PER_SLICE = 128
 MAX_TAINTED_DEVICES_PER_SLICE = 64
-"""The API's limit for a slice in which any device has taints."""
+"""The API's limit for a slice in which any device has taints or consumes counters."""
+MAX_COUNTER_SETS_PER_SLICE = 8
 PUBLISHER_ANNOTATION = "resource.dra-gpu.io/publisher"
 """``<registered> <instance>``: see ``Publisher``."""
 
@@ -93,6 +94,7 @@ def build_slices(
     *,
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
     publisher: Publisher | None = None,
+    counter_sets: Sequence[model.CounterSet] = (),
 ) -> list[SliceBody]:
     """The complete ResourceSlice bodies of ``node_name``'s pool at ``generation``, each
     annotated with its ``publisher`` if one is given.
@@ -101,6 +103,11 @@ def build_slices(
     gives the same bodies. A device's ``taints`` (faults the agent observed) are published
     with it, and then at most 64 devices go in one slice, as the API requires. Devices a
     backend reports as not ``healthy`` at all (a profile's ``healthy: false``) are left out.
+
+    Partitionable devices (Kubernetes 1.36+ layout, ``resource.k8s.io/v1`` of 1.37): the
+    ``counter_sets`` go in slices of their own, at most 8 sets each and no devices (a slice
+    holds either), listed first; devices that consume counters go at most 64 to a slice.
+    ``resourceSliceCount`` counts both kinds.
     """
     if not model.is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
@@ -111,14 +118,25 @@ def build_slices(
     if generation < 0:
         raise ValueError(f"generation must not be negative, not {generation}")
     # The Inventory checks that device names are unique in the pool, as the API requires.
-    published = model.Inventory(node_name, tuple(d for d in devices if d.healthy)).devices
+    # ... and that every counter a device consumes is defined in one of the counter sets.
+    published = model.Inventory(
+        node_name, tuple(d for d in devices if d.healthy), tuple(counter_sets)
+    ).devices
     ordered = sorted(published, key=_device_order)
-    if any(d.taints for d in ordered):
+    if any(d.taints or d.consumes for d in ordered):
         max_devices_per_slice = min(max_devices_per_slice, MAX_TAINTED_DEVICES_PER_SLICE)
-    chunks = [
-        ordered[i : i + max_devices_per_slice]
+    sets = sorted(counter_sets, key=lambda c: _natural(c.name))
+    counter_chunks = [
+        {"sharedCounters": [c.to_api() for c in sets[i : i + MAX_COUNTER_SETS_PER_SLICE]]}
+        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    device_chunks = [
+        {"devices": [device_body(d) for d in ordered[i : i + max_devices_per_slice]]}
         for i in range(0, len(ordered), max_devices_per_slice)
-    ] or [[]]
+    ]
+    if not device_chunks and not counter_chunks:
+        device_chunks = [{"devices": []}]
+    chunks = counter_chunks + device_chunks
     annotations = {PUBLISHER_ANNOTATION: publisher.annotation()} if publisher else {}
     return [
         {
@@ -149,7 +167,7 @@ def build_slices(
                     "generation": generation,
                     "resourceSliceCount": len(chunks),
                 },
-                "devices": [device_body(d) for d in chunk],
+                **chunk,
             },
         }
         for i, chunk in enumerate(chunks)
@@ -165,6 +183,14 @@ def device_body(device: model.Device) -> dict[str, Any]:
         body["capacity"] = {k: {"value": device.capacity[k]} for k in sorted(device.capacity)}
     if device.taints:
         body["taints"] = [t.to_api() for t in device.taints]
+    if device.consumes:
+        body["consumesCounters"] = [
+            {
+                "counterSet": name,
+                "counters": {k: {"value": str(v)} for k, v in sorted(counters.items())},
+            }
+            for name, counters in sorted(device.consumes.items())
+        ]
     return body
 
 
@@ -219,6 +245,8 @@ def _pool_content(bodies: Sequence[SliceBody]) -> tuple[list[str], list[str]]:
         spec = dict(body.get("spec") or {})
         for device in spec.pop("devices", None) or []:
             devices.append(_canonical(device, capacity=False))
+        for counter_set in spec.pop("sharedCounters", None) or []:
+            devices.append(_canonical({"sharedCounters": counter_set}, capacity=True))
         spec["pool"] = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
         headers.add(_canonical(spec, capacity=False))
     return sorted(headers), sorted(devices)

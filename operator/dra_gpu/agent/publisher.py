@@ -70,6 +70,10 @@ class SlicePublisher:
         self.clock = clock
         self.taints = taints
         """Device name -> the taints to publish on it (``health.HealthMonitor.taints``)."""
+        self.partitions_supported = True
+        """False once the API server dropped the counters we wrote (``DRAPartitionableDevices``
+        off: Kubernetes 1.35, or a gate turned off): partitioned GPUs are then published whole
+        only, so nothing can be allocated twice."""
         self.taints_supported = True
         """False once the API server dropped the taints we wrote (``DRADeviceTaints`` off:
         Kubernetes 1.35, or a gate turned off): tainted devices are then left out instead."""
@@ -135,8 +139,13 @@ class SlicePublisher:
         ours = [s for s in pool if _is_ours(s)]
         self._warn_foreign([s for s in pool if not _is_ours(s)])
         me = self.me
+        if not self.partitions_supported:
+            inventory = inventory.without_partitions()
         devices = self._tainted(inventory.devices)
-        wanted = slices.build_slices(self.node, node_uid, self.driver, devices, 0)
+        sets = inventory.counter_sets
+        wanted = slices.build_slices(
+            self.node, node_uid, self.driver, devices, 0, counter_sets=sets
+        )
         if not self._needs_update(ours, wanted, node_uid):
             self.published_generation = _generation(ours[0])
             if (line := self.contention.settled(self.clock())) is not None:
@@ -149,10 +158,19 @@ class SlicePublisher:
         # slices were all deleted must not come back at a generation consumers already saw.
         generation = max([*(_generation(s) for s in pool), self.published_generation or 0]) + 1
         wanted = slices.build_slices(
-            self.node, node_uid, self.driver, devices, generation, publisher=me
+            self.node, node_uid, self.driver, devices, generation, publisher=me, counter_sets=sets
         )
         written = await self._write(ours, wanted)
         self.contention.wrote(self.clock())
+        if self.partitions_supported and _counter_sets(written) < _counter_sets(wanted):
+            self.partitions_supported = False
+            log.error(
+                "the API server dropped the shared counters of node %s's slices (feature gate "
+                "DRAPartitionableDevices is off: Kubernetes 1.35, or disabled): publishing "
+                "partitioned GPUs (MIG) whole only, without their partitions",
+                self.node,
+            )
+            self.trigger()
         if self.taints_supported and _taint_count(written) < _taint_count(wanted):
             self.taints_supported = False
             log.error(
@@ -304,6 +322,10 @@ def new_instance(pod_name: str) -> str:
 def _is_ours(body: dict[str, Any]) -> bool:
     labels = body.get("metadata", {}).get("labels") or {}
     return bool(labels.get(slices.MANAGED_BY_LABEL) == slices.MANAGED_BY_VALUE)
+
+
+def _counter_sets(bodies: list[Any]) -> int:
+    return sum(len((b.get("spec") or {}).get("sharedCounters") or ()) for b in bodies)
 
 
 def _taint_count(bodies: list[Any]) -> int:

@@ -31,6 +31,8 @@ PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 MAX_ATTRIBUTES_AND_CAPACITY = 32
 MAX_VALUE_LENGTH = 64
 MAX_TAINTS = 16
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMPTIONS_PER_DEVICE = 2
 _INT64 = (-(2**63), 2**63 - 1)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -204,9 +206,21 @@ class Device:
     taints: tuple[Taint, ...] = ()
     """Published on the device (``spec.devices[].taints``): set by the agent from the faults
     its backend observed (``devices.health``), never by a backend's inventory."""
+    consumes: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    """Counter set -> counter -> amount this device takes while allocated
+    (``consumesCounters``): how a GPU's partitions exclude each other and the whole GPU."""
+    partition_of: str | None = None
+    """The name of the whole-GPU device this one is a partition of (a MIG placement)."""
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
+        if len(self.consumes) > MAX_CONSUMPTIONS_PER_DEVICE:
+            raise InventoryError(
+                f"{where}: consumes from {len(self.consumes)} counter sets; "
+                f"the API allows {MAX_CONSUMPTIONS_PER_DEVICE}"
+            )
+        for set_name, counters in self.consumes.items():
+            _check_counters(f"{where}: counter set {set_name!r}", set_name, counters)
         if not isinstance(self.name, str) or not is_dns_label(self.name):
             raise InventoryError(f"{where}: the name must be a DNS label (e.g. gpu-0)")
         if not self.uuid:
@@ -237,6 +251,11 @@ class Device:
         # Freeze the maps too: a device shared between inventories must not change under them.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
+        object.__setattr__(
+            self,
+            "consumes",
+            MappingProxyType({k: MappingProxyType(dict(v)) for k, v in self.consumes.items()}),
+        )
 
     @property
     def index(self) -> int | None:
@@ -261,15 +280,50 @@ class Device:
 _BAD_NAME = "not a C identifier of at most 32 characters, optionally prefixed by '<domain>/'"
 
 
+def _check_counters(where: str, set_name: str, counters: Mapping[str, int]) -> None:
+    if not is_dns_label(set_name):
+        raise InventoryError(f"{where}: the name must be a DNS label")
+    if not counters or len(counters) > MAX_COUNTERS_PER_SET:
+        raise InventoryError(f"{where}: 1 to {MAX_COUNTERS_PER_SET} counters, not {len(counters)}")
+    for counter, value in counters.items():
+        if not is_dns_label(counter):
+            raise InventoryError(f"{where}: counter {counter!r} is not a DNS label")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InventoryError(f"{where}: counter {counter!r}: {value!r} is not a count")
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterSet:
+    """Counters that devices of the pool consume (``sharedCounters``): one set per partitioned
+    GPU, e.g. its memory slices and compute slices. The API never lets the devices allocated
+    at one time consume more of a counter than the set holds."""
+
+    name: str
+    counters: Mapping[str, int]
+
+    def __post_init__(self) -> None:
+        _check_counters(f"counter set {self.name!r}", self.name, self.counters)
+        object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "counters": {k: {"value": str(self.counters[k])} for k in sorted(self.counters)},
+        }
+
+
 @dataclasses.dataclass(frozen=True)
 class Inventory:
-    """The devices a backend found on one node. Device names are unique."""
+    """The devices a backend found on one node. Device names are unique, and every counter a
+    device consumes is one of the inventory's counter sets."""
 
     node: str
     devices: tuple[Device, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
+        object.__setattr__(self, "counter_sets", tuple(self.counter_sets))
         seen: set[str] = set()
         for device in self.devices:
             if device.name in seen:
@@ -277,6 +331,31 @@ class Inventory:
                     f"node {self.node!r}: device name {device.name!r} is used more than once"
                 )
             seen.add(device.name)
+        sets: dict[str, CounterSet] = {}
+        for counter_set in self.counter_sets:
+            if counter_set.name in sets:
+                raise InventoryError(
+                    f"node {self.node!r}: counter set {counter_set.name!r} is defined twice"
+                )
+            sets[counter_set.name] = counter_set
+        for device in self.devices:
+            for set_name, counters in device.consumes.items():
+                known = sets.get(set_name)
+                unknown = [c for c in counters if known is None or c not in known.counters]
+                if unknown:
+                    raise InventoryError(
+                        f"node {self.node!r}: device {device.name!r} consumes "
+                        f"{', '.join(unknown)} of counter set {set_name!r}, which "
+                        + ("does not exist" if known is None else "has no such counter")
+                    )
+
+    def without_partitions(self) -> Inventory:
+        """The whole devices only, consuming nothing: what an API server without partitionable
+        devices (DRAPartitionableDevices off: Kubernetes 1.35) can allocate safely."""
+        whole = tuple(
+            dataclasses.replace(d, consumes={}) for d in self.devices if d.partition_of is None
+        )
+        return Inventory(self.node, whole)
 
     def by_name(self) -> dict[str, Device]:
         return {d.name: d for d in self.devices}

@@ -19,8 +19,12 @@ talks to Kubernetes. The format::
 
 Device fields: name, count, uuid, pciBusID, memory, productName, brand, architecture,
 cudaComputeCapability, driverVersion, cudaDriverVersion (versions as quoted strings, e.g. "9.0";
-``cudaDriverVersion: null`` leaves it out), migCapable, healthy. UUIDs default to a value derived
-from node and device name, so a restarted agent publishes the same ones.
+``cudaDriverVersion: null`` leaves it out), migCapable, healthy, mig. UUIDs default to a value
+derived from node and device name, so a restarted agent publishes the same ones.
+
+``mig: A100-40GB`` or ``mig: H100-80GB`` publishes the GPU MIG-partitioned (``devices.mig``):
+the whole GPU and every MIG placement of that model, consuming the GPU's counters. Such a GPU
+is ``migCapable``, and its ``memory`` must be the model's (40Gi, 80Gi).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from dra_gpu.devices import health, model
+from dra_gpu.devices import health, mig, model
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.dra-gpu.io")
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
@@ -60,10 +64,12 @@ class Profile:
 
     source: str
     nodes: Mapping[str, tuple[model.Device, ...]]
+    mig: Mapping[str, Mapping[str, mig.MigTable]] = dataclasses.field(default_factory=dict)
+    """Node -> device name -> the MIG table of a GPU published partitioned."""
 
     def inventory(self, node: str) -> model.Inventory:
         """The node's devices; a node the profile does not list has none."""
-        return model.Inventory(node=node, devices=self.nodes.get(node, ()))
+        return mig.partition_inventory(node, self.nodes.get(node, ()), self.mig.get(node, {}))
 
 
 class SimulatedBackend:
@@ -211,15 +217,22 @@ class _Parser:
         defaults = self.mapping(top.get("defaults"), "defaults", _FIELDS.keys() - _PER_DEVICE_ONLY)
         parsed_defaults = {k: self.field(k, v, f"defaults.{k}") for k, v in defaults.items()}
         nodes: dict[str, tuple[model.Device, ...]] = {}
+        tables: dict[str, dict[str, mig.MigTable]] = {}
         for node, spec in self.mapping(top["nodes"], "nodes", None).items():
             path = f"nodes.{node}"
             if not isinstance(node, str) or not model.is_dns_subdomain(node):
                 raise self.error(path, "a node name must be a DNS subdomain (e.g. node-01)")
-            nodes[node] = self.node(node, spec, path, parsed_defaults)
-        return Profile(source=self.source, nodes=nodes)
+            tables[node] = {}
+            nodes[node] = self.node(node, spec, path, parsed_defaults, tables[node])
+        return Profile(source=self.source, nodes=nodes, mig=tables)
 
     def node(
-        self, node: str, spec: object, path: str, defaults: dict[str, Any]
+        self,
+        node: str,
+        spec: object,
+        path: str,
+        defaults: dict[str, Any],
+        tables: dict[str, mig.MigTable],
     ) -> tuple[model.Device, ...]:
         entries = self.mapping(spec, path, {"devices"}).get("devices")
         if entries is None:  # "devices:" with nothing after it, or no key: a node without GPUs
@@ -252,6 +265,9 @@ class _Parser:
                     )
                 first_use[device.name] = entry_path
                 devices.append(device)
+                table = {**defaults, **fields}.get("mig")
+                if table is not None:
+                    tables[device.name] = self.mig_table(device, table, entry_path)
         return tuple(devices)
 
     def device(self, node: str, index: int, fields: dict[str, Any], path: str) -> model.Device:
@@ -275,6 +291,16 @@ class _Parser:
             )
         except model.InventoryError as err:
             raise self.error(path, str(err)) from None
+
+    def mig_table(self, device: model.Device, table: mig.MigTable, path: str) -> mig.MigTable:
+        if device.attributes.get("migCapable") != model.BoolValue(True):
+            raise self.error(f"{path}.migCapable", "must be true for a GPU with mig")
+        if device.memory_bytes != table.memory_gib * 2**30:
+            raise self.error(
+                f"{path}.memory",
+                f"{device.memory} is not the {table.memory_gib}Gi of a {table.model} (mig)",
+            )
+        return table
 
     def field(self, key: str, value: object, path: str) -> Any:
         try:
@@ -341,6 +367,15 @@ def _count(value: object) -> int:
     return value
 
 
+def _mig(value: object) -> mig.MigTable:
+    table = mig.TABLES.get(value) if isinstance(value, str) else None
+    if table is None:
+        raise model.InventoryError(
+            f"{value!r} is not a MIG table; known: {', '.join(sorted(mig.TABLES))}"
+        )
+    return table
+
+
 def _pci_address(value: object) -> str:
     if not isinstance(value, str) or not _PCI_ADDRESS.fullmatch(value):
         raise model.InventoryError(f"{value!r} is not a PCI address like 0000:3b:00.0")
@@ -361,6 +396,7 @@ _FIELDS: dict[str, Callable[[object], Any]] = {
     "cudaDriverVersion": _optional_version,
     "migCapable": _bool,
     "healthy": _bool,
+    "mig": _mig,
 }
 
 

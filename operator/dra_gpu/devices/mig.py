@@ -1,0 +1,204 @@
+"""MIG (Multi-Instance GPU) as partitionable devices: profile tables and counter layouts.
+
+A MIG-partitioned GPU is published as the whole GPU plus one device per MIG placement the
+hardware allows. All of them consume the GPU's counter set, so the scheduler itself keeps
+allocations within what the GPU has (Kubernetes' partitionable devices, ``sharedCounters`` /
+``consumesCounters``; beta and on by default from 1.36):
+
+    memory-slice-<i>   1 each, i = 0..7: a placement takes the slices it occupies, so two
+                       allocated placements never overlap (the GPU instance's position)
+    compute-slices     7: a profile takes its compute slices (the ``<n>g`` of its name)
+    media-extensions   1: only one ``+me`` instance may hold the media engines
+
+The whole GPU consumes every counter, so it excludes every partition and the other way round.
+Tables are NVIDIA's (MIG User Guide, "Supported MIG Profiles" for A100-SXM4-40GB and
+H100-SXM5-80GB): profile, memory and compute slices, and the placements (first memory slice)
+each profile may start at. Memory per profile is the nominal size of its name (``1g.5gb`` ->
+5Gi), which is what the simulated backend publishes; NVML reports slightly less.
+
+Pure: no NVML, no I/O. Backends build the whole-GPU device; this module adds the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+
+from dra_gpu.devices import model
+
+MEMORY_SLICES = 8
+COMPUTE_SLICES = 7
+COMPUTE_COUNTER = "compute-slices"
+MEDIA_COUNTER = "media-extensions"
+
+
+def memory_slice_counter(index: int) -> str:
+    return f"memory-slice-{index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MigProfile:
+    """One MIG profile of a GPU model, with the placements NVIDIA lists for it."""
+
+    name: str
+    """As NVIDIA spells it: ``3g.20gb``, ``1g.5gb+me``."""
+    memory_gib: int
+    memory_slices: int
+    compute_slices: int
+    starts: tuple[int, ...]
+    """First memory slice of each placement (``nvidia-smi mig -lgipp``)."""
+    media_extensions: bool = False
+
+    @property
+    def device_suffix(self) -> str:
+        """The profile in a DNS label: ``3g.20gb`` -> ``3g-20gb``, ``1g.5gb+me``: ``1g-5gb-me``."""
+        return self.name.replace(".", "-").replace("+", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class MigTable:
+    """The MIG profiles of one GPU model."""
+
+    model: str
+    memory_gib: int
+    profiles: tuple[MigProfile, ...]
+
+
+A100_40GB = MigTable(
+    "A100-SXM4-40GB",
+    40,
+    (
+        MigProfile("1g.5gb", 5, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile("1g.5gb+me", 5, 1, 1, (0, 1, 2, 3, 4, 5, 6), media_extensions=True),
+        MigProfile("1g.10gb", 10, 2, 1, (0, 2, 4, 6)),
+        MigProfile("2g.10gb", 10, 2, 2, (0, 2, 4)),
+        MigProfile("3g.20gb", 20, 4, 3, (0, 4)),
+        MigProfile("4g.20gb", 20, 4, 4, (0,)),
+        MigProfile("7g.40gb", 40, 8, 7, (0,)),
+    ),
+)
+H100_80GB = MigTable(
+    "H100-SXM5-80GB",
+    80,
+    (
+        MigProfile("1g.10gb", 10, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile("1g.10gb+me", 10, 1, 1, (0, 1, 2, 3, 4, 5, 6), media_extensions=True),
+        MigProfile("1g.20gb", 20, 2, 1, (0, 2, 4, 6)),
+        MigProfile("2g.20gb", 20, 2, 2, (0, 2, 4)),
+        MigProfile("3g.40gb", 40, 4, 3, (0, 4)),
+        MigProfile("4g.40gb", 40, 4, 4, (0,)),
+        MigProfile("7g.80gb", 80, 8, 7, (0,)),
+    ),
+)
+TABLES: Mapping[str, MigTable] = {"A100-40GB": A100_40GB, "H100-80GB": H100_80GB}
+"""By the name a simulated profile uses (``mig: A100-40GB``)."""
+
+_MIG_UUIDS = uuid.uuid5(uuid.NAMESPACE_DNS, "mig.simulated.dra-gpu.io")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """One place a profile's GPU instance can be created on a GPU."""
+
+    profile: MigProfile
+    start: int
+
+    @property
+    def memory_slices(self) -> range:
+        return range(self.start, self.start + self.profile.memory_slices)
+
+    def counters(self) -> dict[str, int]:
+        used = {memory_slice_counter(i): 1 for i in self.memory_slices}
+        used[COMPUTE_COUNTER] = self.profile.compute_slices
+        if self.profile.media_extensions:
+            used[MEDIA_COUNTER] = 1
+        return used
+
+
+def placements(table: MigTable) -> list[Placement]:
+    return [Placement(p, start) for p in table.profiles for start in p.starts]
+
+
+def counter_set_name(gpu: model.Device) -> str:
+    return f"{gpu.name}-counters"
+
+
+def gpu_counters() -> dict[str, int]:
+    """Everything a MIG-capable GPU has: each memory slice, its compute slices, the media
+    engines (once)."""
+    counters = {memory_slice_counter(i): 1 for i in range(MEMORY_SLICES)}
+    counters[COMPUTE_COUNTER] = COMPUTE_SLICES
+    counters[MEDIA_COUNTER] = 1
+    return counters
+
+
+def partition_name(gpu: model.Device, placement: Placement) -> str:
+    """``gpu-0-mig-3g-20gb-4``: the GPU, the profile, the first memory slice."""
+    return f"{gpu.name}-mig-{placement.profile.device_suffix}-{placement.start}"
+
+
+def partition_uuid(gpu: model.Device, placement: Placement) -> str:
+    """A stable ``MIG-<uuid>`` for the simulated instance of ``placement`` on ``gpu``."""
+    return f"MIG-{uuid.uuid5(_MIG_UUIDS, f'{gpu.uuid}/{partition_name(gpu, placement)}')}"
+
+
+def partitioned(
+    gpu: model.Device, table: MigTable
+) -> tuple[model.CounterSet, tuple[model.Device, ...]]:
+    """The counter set of ``gpu`` and its devices: the whole GPU (consuming every counter)
+    first, then one device per placement of ``table``."""
+    counters = model.CounterSet(counter_set_name(gpu), gpu_counters())
+    whole = dataclasses.replace(
+        gpu,
+        attributes={**gpu.attributes, "type": model.StringValue("gpu")},
+        consumes={counters.name: dict(counters.counters)},
+    )
+    parts = [_partition(gpu, table, p, counters.name) for p in placements(table)]
+    return counters, (whole, *parts)
+
+
+def _partition(
+    gpu: model.Device, table: MigTable, placement: Placement, counter_set: str
+) -> model.Device:
+    profile = placement.profile
+    attributes: dict[str, model.AttributeValue] = {
+        "type": model.StringValue("mig"),
+        "profile": model.StringValue(profile.name),
+        "parentIndex": model.IntValue(gpu.index if gpu.index is not None else 0),
+        "parentUUID": model.StringValue(gpu.uuid),
+        "placementStart": model.IntValue(placement.start),
+        "memorySlices": model.IntValue(profile.memory_slices),
+        "computeSlices": model.IntValue(profile.compute_slices),
+        "mediaExtensions": model.BoolValue(profile.media_extensions),
+        "migModel": model.StringValue(table.model),
+    }
+    for key in ("productName", "architecture", "cudaComputeCapability", "driverVersion"):
+        if key in gpu.attributes:
+            attributes[key] = gpu.attributes[key]
+    return model.Device(
+        name=partition_name(gpu, placement),
+        uuid=partition_uuid(gpu, placement),
+        attributes=attributes,
+        capacity={"memory": f"{profile.memory_gib}Gi"},
+        consumes={counter_set: placement.counters()},
+        partition_of=gpu.name,
+        healthy=gpu.healthy,
+    )
+
+
+def partition_inventory(
+    node: str, devices: Sequence[model.Device], tables: Mapping[str, MigTable]
+) -> model.Inventory:
+    """``devices`` with each GPU named in ``tables`` (device name -> table) partitioned."""
+    out: list[model.Device] = []
+    sets: list[model.CounterSet] = []
+    for device in devices:
+        table = tables.get(device.name)
+        if table is None:
+            out.append(device)
+            continue
+        counter_set, parts = partitioned(device, table)
+        sets.append(counter_set)
+        out.extend(parts)
+    return model.Inventory(node, tuple(out), tuple(sets))
