@@ -135,7 +135,11 @@ def gpu_counters() -> dict[str, int]:
 
 def partition_name(gpu: model.Device, placement: Placement) -> str:
     """``gpu-0-mig-3g-20gb-4``: the GPU, the profile, the first memory slice."""
-    return f"{gpu.name}-mig-{placement.profile.device_suffix}-{placement.start}"
+    return partition_name_of(gpu.name, placement)
+
+
+def partition_name_of(gpu_name: str, placement: Placement) -> str:
+    return f"{gpu_name}-mig-{placement.profile.device_suffix}-{placement.start}"
 
 
 def partition_uuid(gpu: model.Device, placement: Placement) -> str:

@@ -1,0 +1,202 @@
+"""MIG partitions on a real node under the real scheduler: a burst of claims for partitions of
+one simulated A100 40GB (and one for the whole GPU) never over-commits it. Every set of claims
+allocated at once, sampled while the burst is scheduled and after some pods leave, fits in the
+GPU's memory slices and compute slices; the pods that got a partition run with it prepared.
+
+Partitionable devices (DRAPartitionableDevices) are beta and on by default from Kubernetes 1.36;
+on 1.35 the API server drops the counters, and the agent then publishes the GPU whole only, so
+the same test asserts there that no partition is offered and only the whole-GPU claim runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from dra_gpu import kube
+from dra_gpu.devices import mig
+from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from tests.e2e.helpers import Kubectl, delete_our_slices, events_of, gpu_env, workload
+
+DRIVER = "gpu.example.com"
+RESOURCE = "/apis/resource.k8s.io/v1"
+PROFILE = """\
+nodes:
+  node-01:
+    devices:
+    - {memory: 40Gi, migCapable: true, mig: A100-40GB, productName: NVIDIA A100-SXM4-40GB}
+"""
+BURST = ["3g.20gb"] * 3 + ["2g.10gb"] * 3 + ["1g.5gb"] * 4
+PLACEMENTS = {mig.partition_name_of("gpu-0", p): p for p in mig.placements(mig.A100_40GB)}
+
+
+async def server_minor(api: kube.Kube) -> int:
+    version = await api.get("/version")
+    return int(str(version["minor"]).rstrip("+"))
+
+
+@pytest_asyncio.fixture
+async def mig_class(api: kube.Kube) -> AsyncIterator[str]:
+    name = "dra-gpu-test-mig"
+    await api.create(
+        f"{RESOURCE}/deviceclasses",
+        {
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        },
+    )
+    yield name
+    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+
+
+@pytest_asyncio.fixture
+async def agent(
+    control_plane: ControlPlane,
+    node_named: dict[str, RealNode],
+    api: kube.Kube,
+    namespace: str,
+    tmp_path: Path,
+) -> AsyncIterator[AgentProcess]:
+    profile = tmp_path / "mig.yaml"
+    profile.write_text(PROFILE)
+    started = AgentProcess.on(
+        node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=profile
+    )
+    await started.astart()
+    yield started
+    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
+
+    async def no_pods() -> bool:
+        return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
+
+    await eventually(no_pods, timeout=120, what="test pods gone")
+    started.stop()
+    await delete_our_slices(api, ["node-01"])
+
+
+def selector(profile: str) -> str:
+    attrs = f'device.attributes["{DRIVER}"]'
+    if profile == "whole":
+        return f'{attrs}.type == "gpu"'
+    return f'"profile" in {attrs} && {attrs}.profile == "{profile}"'
+
+
+async def claim_and_pod(api: kube.Kube, ns: str, name: str, device_class: str, cel: str) -> None:
+    exactly = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}]}
+    await api.create(
+        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
+        {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        },
+    )
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [workload("main", claims=["gpu"])],
+                "terminationGracePeriodSeconds": 1,
+            },
+        },
+    )
+
+
+async def allocated(api: kube.Kube, ns: str) -> dict[str, str]:
+    """Claim -> device, for every claim of ``ns`` allocated now."""
+    found = {}
+    for claim in (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"]:
+        allocation = (claim.get("status") or {}).get("allocation")
+        if allocation:
+            (result,) = allocation["devices"]["results"]
+            found[claim["metadata"]["name"]] = result["device"]
+    return found
+
+
+def assert_fits(devices: dict[str, str]) -> None:
+    """What is allocated at one time fits in gpu-0: the whole GPU alone, or placements whose
+    memory slices are disjoint and whose compute slices add up to at most 7."""
+    if "gpu-0" in devices.values():
+        assert list(devices.values()) == ["gpu-0"], devices
+        return
+    used = [PLACEMENTS[d] for d in devices.values()]
+    slices_used = Counter(i for p in used for i in p.memory_slices)
+    assert all(n == 1 for n in slices_used.values()), devices
+    assert sum(p.profile.compute_slices for p in used) <= mig.COMPUTE_SLICES, devices
+
+
+async def settled(api: kube.Kube, ns: str, names: list[str]) -> dict[str, str] | None:
+    """Once every pod of ``names`` runs or was found unschedulable: what is allocated."""
+    now = await allocated(api, ns)
+    assert_fits(now)  # checked on every sample, not only at the end
+    refused = {
+        e["involvedObject"]["name"]
+        for e in await events_of(api, ns)
+        if e.get("reason") == "FailedScheduling"
+    }
+    for name in names:
+        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        if pod["status"].get("phase") != "Running" and name not in refused:
+            return None
+    return now
+
+
+async def test_a_burst_of_mig_claims_never_over_commits_the_gpu(
+    api: kube.Kube, kubectl: Kubectl, namespace: str, mig_class: str, agent: AgentProcess
+) -> None:
+    ns = namespace
+
+    async def published() -> list[kube.Body]:
+        listing = await api.get(
+            f"{RESOURCE}/resourceslices",
+            fieldSelector=f"spec.driver={DRIVER},spec.nodeName=node-01",
+        )
+        items: list[kube.Body] = listing["items"]
+        return items if items else []
+
+    partitions_served = await server_minor(api) >= 36
+    names = [f"c{i}-{p.replace('.', '-')}" for i, p in enumerate(BURST)]
+    await asyncio.gather(
+        *(
+            claim_and_pod(api, ns, n, mig_class, selector(p))
+            for n, p in zip(names, BURST, strict=True)
+        )
+    )
+    first = await eventually(lambda: settled(api, ns, names), timeout=180, what="burst scheduled")
+    devices = [d["name"] for s in await published() for d in s["spec"].get("devices") or []]
+    # Then a claim for the whole GPU.
+    await claim_and_pod(api, ns, "whole", mig_class, selector("whole"))
+    after = await eventually(
+        lambda: settled(api, ns, [*names, "whole"]), timeout=180, what="whole-GPU claim scheduled"
+    )
+    if not partitions_served:
+        # 1.35: the counters were dropped, so the agent offers the GPU whole, once.
+        assert devices == ["gpu-0"]
+        assert first == {}
+        assert after == {"whole": "gpu-0"}
+        assert (await gpu_env(kubectl, ns, "whole", "main")) == {"GPU_DEVICE_0": "gpu-0"}
+        return
+
+    assert len(devices) == 26  # the whole GPU and 25 placements
+    assert len(first) >= 2, first  # partitions were handed out, several at once
+    assert after == first  # the whole GPU is refused while partitions are held
+    for claim, device in first.items():
+        assert (await gpu_env(kubectl, ns, claim, "main")) == {"GPU_DEVICE_0": device}
+
+    # Free what the first wave holds; the waiting claims get the GPU in turn, still within it.
+    for claim in first:
+        await api.delete(f"/api/v1/namespaces/{ns}/pods/{claim}")
+    waiting = [n for n in [*names, "whole"] if n not in first]
+
+    async def second_wave() -> dict[str, str] | None:
+        now = await settled(api, ns, waiting)
+        return now if now and not set(now) & set(first) else None
+
+    second = await eventually(second_wave, timeout=180, what="waiting claims scheduled")
+    assert second, "nothing of the waiting claims was allocated after the first wave left"
