@@ -1,6 +1,8 @@
 """What the controller counts: complete pools at their newest generation, allocations."""
 
+from dra_gpu import slices
 from dra_gpu.controller import inventory
+from dra_gpu.devices import mig, simulated
 
 
 def slice_(
@@ -104,3 +106,21 @@ def test_claim_states() -> None:
     assert inventory.claim_state({"status": {"allocation": {"x": 1}, "reservedFor": [{}]}}) == (
         "reserved"
     )
+
+
+def test_a_partitioned_pool_with_counter_slices_reads_as_complete() -> None:
+    # MIG: the counter sets come in slices without devices; the pool counts them all.
+    profile = simulated.parse_profile(
+        "nodes:\n  node-01:\n    devices:\n"
+        "    - {memory: 40Gi, migCapable: true, mig: A100-40GB}\n    - {memory: 24Gi}\n"
+    )
+    inv = profile.inventory("node-01")
+    bodies = slices.build_slices(
+        "node-01", "uid", "gpu.example.com", inv.devices, 2, counter_sets=inv.counter_sets
+    )
+    assert len(bodies) == 2
+    devices, problems = inventory.current_pools(bodies)
+    assert problems == []
+    assert len(devices) == 27
+    assert {d.name for d in devices} >= {"gpu-0", "gpu-1", "gpu-0-mig-7g-40gb-0"}
+    assert len(mig.placements(mig.A100_40GB)) == 25
