@@ -238,6 +238,21 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
 
     await eventually(unhealthy_in_pod_status, what="pod status: gpu-0 Unhealthy")
 
+    # And the claim's status.devices entry of gpu-0 carries the fault.
+    async def unhealthy_in_claim_status() -> kube.Body | None:
+        body = await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/before")
+        for entry in body.get("status", {}).get("devices") or []:
+            for condition in entry.get("conditions") or []:
+                if condition["type"] == "Healthy" and condition["status"] == "False":
+                    return dict(condition)
+        return None
+
+    condition = await eventually(
+        unhealthy_in_claim_status, what="claim status: gpu-0 Healthy=False"
+    )
+    assert condition["reason"] == "DeviceUnhealthy"
+    assert "gpu.example.com/xid=999:NoSchedule" in condition["message"]
+
     # A new pod that would take either GPU is given gpu-1: the scheduler honours the taint.
     await delete_pod_and_claim(api, ns, "before")
     await gpu_pod(api, ns, "during", health_class, "true")

@@ -158,10 +158,16 @@ def allocation_configs(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
 
 
 def device_status(
-    driver: str, pool: str, device: str, data: Mapping[str, Any], now: datetime.datetime
+    driver: str,
+    pool: str,
+    device: str,
+    data: Mapping[str, Any],
+    now: datetime.datetime,
+    health: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``status.devices`` entry of ours: the device is configured and ready to use."""
-    return {
+    """One ``status.devices`` entry of ours: the device is configured and ready to use, and
+    (once its health is known) whether it is healthy (``health_condition``)."""
+    entry = {
         "driver": driver,
         "pool": pool,
         "device": device,
@@ -171,8 +177,36 @@ def device_status(
                 "status": "True",
                 "reason": "Prepared",
                 "message": "prepared on the node; CDI spec written",
-                "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "lastTransitionTime": _rfc3339(now),
             }
         ],
         "data": dict(data),
     }
+    return with_health(entry, health) if health is not None else entry
+
+
+HEALTHY = "Healthy"
+"""The condition type of a device's health in ``status.devices``."""
+
+
+def health_condition(
+    healthy: bool, reason: str, message: str, since: datetime.datetime
+) -> dict[str, Any]:
+    """The ``Healthy`` condition of a device: False with the fault while it is tainted."""
+    return {
+        "type": HEALTHY,
+        "status": "True" if healthy else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _rfc3339(since),
+    }
+
+
+def with_health(entry: Mapping[str, Any], condition: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` with its ``Healthy`` condition replaced by ``condition``."""
+    kept = [c for c in entry.get("conditions", []) if c.get("type") != HEALTHY]
+    return {**entry, "conditions": [*kept, dict(condition)]}
+
+
+def _rfc3339(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -19,9 +19,10 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from dra_gpu import events, kube, metrics
+from dra_gpu.agent.claims import health_condition
 from dra_gpu.devices import health, model
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class HealthMonitor:
         on_change: Callable[[], None] = lambda: None,
         inventory: Callable[[], Awaitable[model.Inventory]] | None = None,
         claims: Callable[[], Iterable[ClaimOnDevice]] = tuple,
+        on_device_health: Callable[[str, dict[str, Any]], None] = lambda device, condition: None,
         clock: Callable[[], datetime.datetime] = _now,
     ) -> None:
         self.api = api
@@ -90,6 +92,8 @@ class HealthMonitor:
         """The devices to report metrics for (the publisher's last inventory)."""
         self.claims = claims
         """The prepared claims (from the checkpoint): each gets the Event of its devices too."""
+        self.on_device_health = on_device_health
+        """Told each changed device's ``Healthy`` condition (for the claims' status.devices)."""
         self.clock = clock
         self.tracker = health.HealthTracker(driver, quiet_seconds)
         self.changed = asyncio.Condition()
@@ -191,6 +195,16 @@ class HealthMonitor:
                 f"no fault for {self.tracker.quiet.total_seconds():g}s"
             )
             log.info("%s", message)
+        remaining = self.tracker.taints().get(change.device) or ()
+        self.on_device_health(
+            change.device,
+            health_condition(
+                not remaining,
+                UNHEALTHY_REASON if remaining else RECOVERED_REASON,
+                message,
+                min(t.time_added for t in remaining) if remaining else now,
+            ),
+        )
         if self.api is None:
             return
         regarding = [

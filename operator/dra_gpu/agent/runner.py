@@ -136,6 +136,7 @@ async def _run(
         )
         for c in state.prepared.claims.values()
     ]
+    monitor.on_device_health = state.device_health
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)

@@ -144,6 +144,10 @@ class DeviceState:
         self._writing: asyncio.Future[Any] | None = None  # the commit's thread, while it runs
         self._retired: str | None = None
         self._reads = asyncio.Semaphore(CLAIM_READS)
+        # status.devices entries written since start, and the devices' health conditions:
+        # a health change rewrites the entries of the claims that hold the device.
+        self._entries: dict[str, tuple[ClaimRef, list[dict[str, Any]]]] = {}
+        self._health: dict[str, dict[str, Any]] = {}
 
     @property
     def prepared(self) -> checkpoint.Checkpoint:
@@ -323,7 +327,7 @@ class DeviceState:
             write_spec = functools.partial(self._write_spec_blocking, ref.uid, spec)
         await self._commit(checkpoint.Put(record), write_spec)
         failpoints.reach("before-answer")
-        self._status.set_devices(ref, self._status_entries(allocated, devices))
+        self._set_entries(ref, self._status_entries(allocated, devices))
         return record
 
     async def _read_claim(self, ref: ClaimRef) -> kube.Body:
@@ -364,8 +368,32 @@ class DeviceState:
             }
             if alloc.admin_access:
                 data["adminAccess"] = True
-            entries.append(claims.device_status(self.driver, alloc.pool, alloc.device, data, now))
+            health = self._health.get(alloc.device) if alloc.pool == self.node else None
+            entries.append(
+                claims.device_status(self.driver, alloc.pool, alloc.device, data, now, health)
+            )
         return entries
+
+    def _set_entries(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        if entries:
+            self._entries[ref.uid] = (ref, entries)
+        else:
+            self._entries.pop(ref.uid, None)
+        self._status.set_devices(ref, entries)
+
+    def device_health(self, device: str, condition: dict[str, Any]) -> None:
+        """``device`` of this node's pool is now as ``condition`` (``claims.health_condition``)
+        says: the ``status.devices`` entries of the claims holding it say so too."""
+        self._health[device] = condition
+        for ref, entries in list(self._entries.values()):
+            if any(e["device"] == device and e["pool"] == self.node for e in entries):
+                updated = [
+                    claims.with_health(e, condition)
+                    if e["device"] == device and e["pool"] == self.node
+                    else e
+                    for e in entries
+                ]
+                self._set_entries(ref, updated)
 
     # ---- unprepare -----------------------------------------------------------------------
 
@@ -402,7 +430,7 @@ class DeviceState:
             await asyncio.to_thread(delete_spec)
             return
         await self._commit(checkpoint.Delete(ref.uid), delete_spec)
-        self._status.set_devices(ref, [])
+        self._set_entries(ref, [])
 
     # ---- helpers -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -146,3 +147,30 @@ async def test_the_kubelets_health_stream_reports_every_device_and_each_change(
             )
             assert second.devices[1].health == 1
             stream.cancel()
+
+
+async def test_each_change_tells_the_devices_healthy_condition_for_the_claims_status(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    health, _ = monitor(tmp_path, clock, quiet=30)
+    told: list[tuple[str, dict[str, Any]]] = []
+    health.on_device_health = lambda device, condition: told.append((device, condition))
+    (tmp_path / "faults.yaml").write_text("gpu-1: {xid: 79}\n")
+    await health.check_once()
+    [(device, unhealthy)] = told
+    assert device == "gpu-1"
+    assert (unhealthy["type"], unhealthy["status"], unhealthy["reason"]) == (
+        "Healthy",
+        "False",
+        "DeviceUnhealthy",
+    )
+    assert "XID 79" in unhealthy["message"]
+    assert "gpu.example.com/xid=79:NoExecute" in unhealthy["message"]
+    (tmp_path / "faults.yaml").unlink()
+    clock.now = T0 + datetime.timedelta(seconds=30)
+    await health.check_once()
+    (_, recovered) = told[-1]
+    assert (recovered["status"], recovered["reason"]) == ("True", "DeviceRecovered")
+    assert recovered["lastTransitionTime"] == "2026-03-01T12:03:30Z"
+    assert unhealthy["lastTransitionTime"] == "2026-03-01T12:03:00Z"

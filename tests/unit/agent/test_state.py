@@ -4,10 +4,11 @@ claims it never prepared, and group-committed checkpoint writes. Real files unde
 from __future__ import annotations
 
 import asyncio
+import datetime
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.agent import cdi, checkpoint
+from dra_gpu.agent import cdi, checkpoint, claims
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.state import CLAIM_READS, DeviceState, Prepared, PrepareFailed, StatusSink
 from dra_gpu.devices import model
@@ -274,3 +275,65 @@ async def test_a_retired_agent_writes_nothing_and_resumes_from_what_the_other_le
     assert old.prepared == theirs
     assert await old.unprepare(ClaimRef("ns", "claim-u4", ClaimUID("u4"))) is None
     assert checkpoint.read_checkpoint(path) == checkpoint.Checkpoint()
+
+
+async def test_a_health_change_rewrites_the_status_of_the_claims_holding_the_device(
+    tmp_path: Path,
+) -> None:
+    gpus = tuple(
+        model.gpu_device(
+            index=i,
+            uuid=f"GPU-{i}",
+            memory="80Gi",
+            product_name="sim",
+            brand="sim",
+            architecture="sim",
+            cuda_compute_capability="9.0",
+            driver_version="550.0",
+            mig_capable=False,
+        )
+        for i in range(2)
+    )
+
+    async def inventory(fresh: bool) -> model.Inventory:
+        return model.Inventory("node-01", gpus)
+
+    sink = RecordingSink()
+    agent = DeviceState(
+        api=ClaimsOnly(  # type: ignore[arg-type]
+            {
+                "on-0": allocated_claim("on-0", "u0", "gpu-0"),
+                "on-1": allocated_claim("on-1", "u1", "gpu-1"),
+            }
+        ),
+        driver=DRIVER,
+        node="node-01",
+        container_env=SIMULATED.container_env,
+        cdi_dir=tmp_path / "cdi",
+        checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
+        inventory=inventory,
+        status=sink,
+    )
+    refs = [ClaimRef("ns", "on-0", ClaimUID("u0")), ClaimRef("ns", "on-1", ClaimUID("u1"))]
+    await agent.prepare_all(refs)
+    sink.calls.clear()
+
+    when = datetime.datetime(2026, 3, 1, 12, 3, tzinfo=datetime.UTC)
+    sick = claims.health_condition(False, "DeviceUnhealthy", "XID 79", when)
+    agent.device_health("gpu-0", sick)
+    [(uid, [entry])] = sink.calls
+    assert (uid, entry["device"]) == ("u0", "gpu-0"), "only the claim holding gpu-0"
+    assert [c["type"] for c in entry["conditions"]] == ["Ready", "Healthy"]
+    assert entry["conditions"][1] == sick
+
+    well = claims.health_condition(True, "DeviceRecovered", "quiet", when)
+    agent.device_health("gpu-0", well)
+    [(_, [again])] = sink.calls[1:]
+    assert [c["status"] for c in again["conditions"]] == ["True", "True"], "replaced, not added"
+
+    # A claim unprepared meanwhile is not written again.
+    agent.device_health("gpu-1", sick)
+    await agent.unprepare_all([refs[1]])
+    sink.calls.clear()
+    agent.device_health("gpu-1", well)
+    assert sink.calls == []
