@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from dra_gpu._cel import checker, formats, golang, network, regex, urls
 from dra_gpu._cel.checker import Type
@@ -37,6 +37,8 @@ from dra_gpu._cel.values import (
 )
 from dra_gpu.quantities import Quantity, QuantityError, parse_quantity
 from dra_gpu.semvers import Semver, SemverError, parse_semver
+
+_P = TypeVar("_P")
 
 __all__ = ["IMPLEMENTATIONS", "SINGLETONS", "dispatcher", "type_name"]
 
@@ -460,46 +462,35 @@ def double_to_uint(v: float) -> Uint:
     return Uint(int(v))
 
 
-def string_to_int(v: str) -> int:
-    parsed = golang.parse_int(v)
+def _from_string(parsed: _P | None, target: str) -> _P:
+    """What a ``golang.parse_*`` found in a string, or the conversion's error."""
     if parsed is None:
-        raise _conversion_error("string", "int")
+        raise _conversion_error("string", target)
     return parsed
+
+
+def string_to_int(v: str) -> int:
+    return _from_string(golang.parse_int(v), "int")
 
 
 def string_to_uint(v: str) -> Uint:
-    parsed = golang.parse_uint(v)
-    if parsed is None:
-        raise _conversion_error("string", "uint")
-    return Uint(parsed)
+    return Uint(_from_string(golang.parse_uint(v), "uint"))
 
 
 def string_to_double(v: str) -> float:
-    parsed = golang.parse_float(v)
-    if parsed is None:
-        raise _conversion_error("string", "double")
-    return parsed
+    return _from_string(golang.parse_float(v), "double")
 
 
 def string_to_bool(v: str) -> bool:
-    parsed = golang.parse_bool(v)
-    if parsed is None:
-        raise _conversion_error("string", "bool")
-    return parsed
+    return _from_string(golang.parse_bool(v), "bool")
 
 
 def string_to_duration(v: str) -> Duration:
-    parsed = golang.parse_duration(v)
-    if parsed is None:
-        raise _conversion_error("string", "google.protobuf.Duration")
-    return Duration(parsed)
+    return Duration(_from_string(golang.parse_duration(v), "google.protobuf.Duration"))
 
 
 def string_to_timestamp(v: str) -> Timestamp:
-    parsed = golang.parse_rfc3339(v)
-    if parsed is None:
-        raise _conversion_error("string", "google.protobuf.Timestamp")
-    nanos, offset = parsed
+    nanos, offset = _from_string(golang.parse_rfc3339(v), "google.protobuf.Timestamp")
     if not _MIN_UNIX <= nanos // _NS <= _MAX_UNIX:
         raise CelError("timestamp overflow")
     return Timestamp(nanos, offset)

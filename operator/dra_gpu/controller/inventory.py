@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import cel
@@ -352,7 +352,7 @@ class Counts:
 
 
 def per_node(
-    devices: Sequence[PublishedDevice], held: Mapping[DeviceKey, str], driver: str
+    devices: Sequence[PublishedDevice], held: Container[DeviceKey], driver: str
 ) -> dict[str, Counts]:
     totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for device in devices:

@@ -138,20 +138,19 @@ class Tally:
         return moved
 
     def _node_rows(self, view: ClusterView, pool: inventory.Pool) -> dict[str, NodeRow]:
-        rows: dict[str, list[int]] = {}
-        if pool.driver != self.driver:
-            return {}
-        for device in pool.devices:
-            row = rows.setdefault(device.node or "", [0, 0, 0, 0, 0, 0])
-            taken = device.key in view.holders
-            row[0] += 1
-            row[1] += taken
-            row[2] += device.memory_bytes
-            row[3] += device.memory_bytes if taken else 0
-            effect = device.worst_effect
-            if effect is not None:
-                row[4 if effect == "NoSchedule" else 5] += 1
-        return {node: (r[0], r[1], r[2], r[3], r[4], r[5]) for node, r in rows.items()}
+        """The pool's share of each node's counts (the same rule as a full count)."""
+        counts = inventory.per_node(pool.devices, view.holders, self.driver)
+        return {
+            node: (
+                c.published,
+                c.allocated,
+                c.memory,
+                c.memory_allocated,
+                c.tainted_no_schedule,
+                c.tainted_no_execute,
+            )
+            for node, c in counts.items()
+        }
 
     def _class_row(
         self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool
