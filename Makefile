@@ -114,7 +114,8 @@ image:  # needs a Docker engine (none on the CI machines); the chart's default i
 
 # Real nodes: containerd and the images come from their build scripts (cached; quick when built).
 NODE_ARGS = --containerd-dir "$$(hack/build-containerd.sh | tail -1)" \
-  --images-dir "$$(hack/build-images.sh | tail -1)"
+  --images-dir "$$(hack/build-images.sh | tail -1)" \
+  --prometheus-bin "$$(hack/build-prometheus.sh | tail -1)/bin"
 
 cluster-up: venv kubebins
 	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(NODE_ARGS)

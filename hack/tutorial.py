@@ -7,14 +7,19 @@ the four messages, the last one from the real kubelet. Then it installs dra-gpu 
 team does, ``helm install`` of charts/dra-gpu (its images were imported into each node, no
 registry; simulated tutorial profile: gpu-0 24Gi and gpu-1 8Gi on node-01) in place of the
 tutorial's hand-made slice: the agents publish the devices, the kubelet's next retry prepares
-gpu-0, and the pod runs with the GPU in its environment. It waits for each answer instead of
-sleeping, and starts by removing what an earlier run left, so it can be run again and again.
+gpu-0, and the pod runs with the GPU in its environment. Last, the cluster's Prometheus (``make
+cluster-up`` runs one beside it) is pointed at the controller and every agent, through
+``kubectl port-forward`` into their pods (pods live in the nodes' networks; the forwards end
+with the cluster), and answers the tutorial's questions in PromQL. It waits for each answer
+instead of sleeping, and starts by removing what an earlier run left, so it can be run again
+and again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -22,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from dra_gpu.testing import ScrapeTarget, prometheus_of
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "crds-examples"
@@ -130,10 +137,85 @@ def metrics_of(pod: str, port: int) -> str:
     return kubectl("exec", "-n", RELEASE_NS, pod, "--", "python", "-c", read, show=False)
 
 
+QUESTIONS = (
+    (
+        "which node has a free 24Gi GPU?",
+        'max by (node) (dra_gpu_memory_bytes{state="free"}) >= 24 * 2^30',
+    ),
+    ("free GPUs per node", 'max by (node) (dra_gpu_devices{state="free"})'),
+    ("claims waiting for a device", 'max(dra_gpu_claims{state="pending"})'),
+)
+
+
+def forward(pod: str, port: int, log: Path) -> str:
+    """``kubectl port-forward`` to ``port`` of ``pod``, left running (it ends when the cluster
+    stops); the local ``host:port``."""
+    with log.open("wb") as out:
+        subprocess.Popen(
+            ["kubectl", "port-forward", "-n", RELEASE_NS, f"pod/{pod}", f":{port}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def address() -> str | None:
+        found = re.search(r"Forwarding from (127\.0\.0\.1:\d+)", log.read_text())
+        return found.group(1) if found else None
+
+    return wait_for(f"port-forward to {pod}:{port}", address, timeout=30)
+
+
+def scrape_targets(state_dir: Path, controller: str) -> list[ScrapeTarget]:
+    """The controller leader and every agent, labelled as the chart's monitors label them."""
+    logs = state_dir / "port-forwards"
+    logs.mkdir(exist_ok=True)
+    common = {"namespace": RELEASE_NS, "endpoint": "metrics"}
+    targets = [
+        ScrapeTarget(
+            forward(controller, 9400, logs / f"{controller}.log"),
+            {**common, "job": f"{RELEASE}-controller-metrics", "pod": controller},
+        )
+    ]
+    for pod in kubectl_json("get", "pods", "-n", RELEASE_NS)["items"]:
+        name = pod["metadata"]["name"]
+        if "agent" in name:
+            targets.append(
+                ScrapeTarget(
+                    forward(name, 9402, logs / f"{name}.log"),
+                    {**common, "job": f"{RELEASE_NS}/{RELEASE}-agent", "pod": name},
+                )
+            )
+    return targets
+
+
+def ask_prometheus(state_dir: Path, controller: str) -> None:
+    prometheus = prometheus_of(state_dir)
+    if prometheus is None:
+        return
+    step("Prometheus: the controller and every agent scraped (kubectl port-forward into pods)")
+    prometheus.set_targets(scrape_targets(state_dir, controller))
+
+    def scraped() -> bool:
+        return bool(prometheus.query('max(dra_gpu_devices{state="published"})'))
+
+    wait_for("the first scrape", scraped, timeout=60)
+    for question, promql in QUESTIONS:
+        print(f"{BOLD}# {question}{RESET}\n{promql}")
+        samples = prometheus.query(promql)
+        for sample in samples:
+            labels = ",".join(f"{k}={v}" for k, v in sample["metric"].items())
+            print(f"  {{{labels}}} {sample['value'][1]}")
+        if not samples:
+            print("  (no node: the only 24Gi GPU, gpu-0, is the recomendador's)")
+    print(f"\nPrometheus: {prometheus.url} (try the queries above in {prometheus.url}/graph)")
+
+
 def main() -> int:
     if not os.environ.get("KUBECONFIG"):
         sys.exit("KUBECONFIG is not set: run `make run` (or `eval $(make cluster-up)`) first")
     nodes_dir = Path(os.environ.get("DRA_GPU_NODES_DIR", ".run/cluster/nodes"))
+    state_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".run/cluster")
     reset()
 
     step("Step 1: the types are already there")
@@ -267,6 +349,8 @@ def main() -> int:
     for line in (metrics_of(controller, 9400) + metrics_of(agent, 9402)).splitlines():
         if line.startswith(wanted) and ('node="node-0' not in line or "node-01" in line):
             print("  " + line)
+    print()
+    ask_prometheus(state_dir, controller)
     print()
     print(
         "The class, the device, the node and the driver: all four pieces in place.\n"

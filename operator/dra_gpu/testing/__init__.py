@@ -9,7 +9,7 @@ background cluster behind ``make cluster-up``.
 """
 
 from dra_gpu.testing._agent import AgentProcess, ControllerProcess, as_user
-from dra_gpu.testing._cluster import ClusterEnv, cluster_down, cluster_up
+from dra_gpu.testing._cluster import ClusterEnv, cluster_down, cluster_up, prometheus_of
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError, default_bin_dir
 from dra_gpu.testing._kubelet_checkpoint import KubeletClaim, KubeletDevice
 from dra_gpu.testing._node import NodeRuntime, RealNode, start_nodes
@@ -34,5 +34,6 @@ __all__ = [
     "cluster_up",
     "default_bin_dir",
     "eventually",
+    "prometheus_of",
     "start_nodes",
 ]

@@ -31,6 +31,7 @@ from dra_gpu import kube
 from dra_gpu.exits import ExitCode, OneLineParser
 from dra_gpu.testing._control_plane import ControlPlane, ControlPlaneError
 from dra_gpu.testing._node import NodeRuntime, RealNode, start_nodes
+from dra_gpu.testing._prometheus import Prometheus
 
 DEFAULT_NODES = ("node-01", "node-02", "node-03")
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -90,8 +91,10 @@ def cluster_up(
     timeout: float = 300,
     *,
     runtime: NodeRuntime | None,
+    prometheus_bin: Path | None = None,
 ) -> ClusterEnv:
-    """The running cluster of ``state_dir``, or a new one whose nodes run ``runtime``."""
+    """The running cluster of ``state_dir``, or a new one whose nodes run ``runtime``; with
+    ``prometheus_bin``, a Prometheus beside it (``prometheus_of``)."""
     state_dir = state_dir.resolve()
     env_file, pid_file = state_dir / "env.sh", state_dir / "supervisor.pid"
     if _alive(pid_file) and env_file.exists():
@@ -126,6 +129,7 @@ def cluster_up(
                 ",".join(nodes),
                 "--runtime",
                 runtime.to_json(),
+                *(("--prometheus-bin", str(prometheus_bin)) if prometheus_bin else ()),
             ],
             stdout=supervisor_log,
             stderr=subprocess.STDOUT,
@@ -166,14 +170,30 @@ def cluster_down(state_dir: Path, timeout: float = 60) -> bool:
     return pid is not None
 
 
-def serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str], runtime: NodeRuntime) -> None:
-    """The supervisor: control plane and nodes until SIGTERM or SIGINT."""
+def prometheus_of(state_dir: Path) -> Prometheus | None:
+    """The running cluster's Prometheus (scraping what ``set_targets`` names), if it has one."""
+    url_file = state_dir / "prometheus" / "url"
+    if not url_file.exists():
+        return None
+    port = int(url_file.read_text().rsplit(":", 1)[1])
+    return Prometheus(state_dir / "prometheus", Path(), port=port)
+
+
+def serve(
+    state_dir: Path,
+    bin_dir: Path,
+    nodes: Sequence[str],
+    runtime: NodeRuntime,
+    prometheus_bin: Path | None = None,
+) -> None:
+    """The supervisor: control plane, nodes (and Prometheus) until SIGTERM or SIGINT."""
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
     cp = ControlPlane(bin_dir, state_dir / "control-plane")
     print(f"starting control plane from {bin_dir}", flush=True)
     started: list[RealNode] = []
+    prometheus: Prometheus | None = None
     try:
         # From this (main) thread, whose exit the processes' parent-death signal watches.
         cp.start()
@@ -184,9 +204,16 @@ def serve(state_dir: Path, bin_dir: Path, nodes: Sequence[str], runtime: NodeRun
         ]
         start_nodes(started)
         print(f"nodes {', '.join(nodes)} ready", flush=True)
+        if prometheus_bin is not None:
+            prometheus = Prometheus(state_dir / "prometheus", prometheus_bin, interval=5.0)
+            prometheus.start()
+            (state_dir / "prometheus" / "url").write_text(prometheus.url)
+            print(f"prometheus ready at {prometheus.url}", flush=True)
         _write_env(state_dir, ClusterEnv(cp.kubeconfig, state_dir / "nodes", cp.bin_dir))
         stopping.wait()
     finally:
+        if prometheus is not None:
+            prometheus.stop()
         for node in reversed(started):
             node.stop()
         cp.stop()
@@ -215,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--containerd-dir", type=Path, help="real nodes: hack/build-containerd.sh's output"
     )
     parser.add_argument("--images-dir", type=Path, help="real nodes: hack/build-images.sh's output")
+    parser.add_argument(
+        "--prometheus-bin", type=Path, help="a Prometheus beside the cluster (its bin directory)"
+    )
     parser.add_argument("--runtime", help=argparse.SUPPRESS)  # up -> serve
     parser.add_log_level()
     args = parser.parse_args(argv)
@@ -229,14 +259,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             if not args.runtime:
                 parser.error("serve is started by up")
-            serve(args.state_dir, bin_dir, nodes, NodeRuntime.from_json(args.runtime))
+            runtime = NodeRuntime.from_json(args.runtime)
+            serve(args.state_dir, bin_dir, nodes, runtime, args.prometheus_bin)
         elif args.command == "up":
             runtime = None
             if args.containerd_dir or args.images_dir:
                 if not (args.containerd_dir and args.images_dir):
                     parser.error("--containerd-dir and --images-dir go together (real nodes)")
                 runtime = NodeRuntime.from_builds(bin_dir, args.containerd_dir, args.images_dir)
-            env = cluster_up(args.state_dir, bin_dir, nodes, runtime=runtime)
+            env = cluster_up(
+                args.state_dir, bin_dir, nodes, runtime=runtime, prometheus_bin=args.prometheus_bin
+            )
             asyncio.run(_answers(env, args.state_dir))
             print(env.exports(), end="")
         else:

@@ -23,6 +23,7 @@ def test_testing_kit_exports_exactly_its_public_names() -> None:
         "cluster_up",
         "default_bin_dir",
         "eventually",
+        "prometheus_of",
         "start_nodes",
     }
     assert public == set(dra_gpu.testing.__all__)
