@@ -91,6 +91,12 @@ def short_path(short_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def prometheus_bin() -> Path:
+    """Prometheus and promtool (``hack/build-prometheus.sh``, or ``DRA_GPU_PROMETHEUS_DIR``)."""
+    return _built("build-prometheus.sh", "DRA_GPU_PROMETHEUS_DIR") / "bin"
+
+
+@pytest.fixture(scope="session")
 def nodes(
     control_plane: ControlPlane, node_runtime: NodeRuntime, short_root: Path
 ) -> Iterator[list[RealNode]]:

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import re
 import subprocess
 import time
@@ -76,16 +75,6 @@ nodes:
     - {count: 4, memory: 16Gi}
   node-03: {}
 """
-
-
-def _prometheus_bin() -> Path:
-    if explicit := os.environ.get("DRA_GPU_PROMETHEUS_DIR"):
-        return Path(explicit) / "bin"
-    done = subprocess.run(
-        [str(REPO / "hack" / "build-prometheus.sh")], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, f"hack/build-prometheus.sh failed:\n{done.stderr[-3000:]}"
-    return Path(done.stdout.strip().splitlines()[-1]) / "bin"
 
 
 def _rules(control_plane: ControlPlane, path: Path) -> Path:
@@ -156,6 +145,7 @@ async def observed(
     nodes: list[RealNode],
     controller: ControllerProcess,
     short_root: Path,
+    prometheus_bin: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Observed]:
     root = short_root / "prometheus-test"
@@ -170,7 +160,7 @@ async def observed(
     ]
     state = tmp_path_factory.mktemp("prometheus")
     prometheus = Prometheus(
-        state, _prometheus_bin(), rule_files=[_rules(control_plane, state / "rules.yml")]
+        state, prometheus_bin, rule_files=[_rules(control_plane, state / "rules.yml")]
     )
     namespace = "t-prometheus"
     try:

@@ -20,6 +20,7 @@ from dra_gpu.testing import (
     cluster_down,
     cluster_up,
     eventually,
+    prometheus_of,
 )
 from dra_gpu.testing._node import _hierarchies, _remove_orphaned_cgroups
 from tests.e2e.helpers import workload
@@ -145,11 +146,17 @@ def start(state: Path, control_plane: ControlPlane, runtime: NodeRuntime) -> int
 
 
 async def test_cluster_up_reuses_a_running_cluster_and_cluster_down_leaves_nothing(
-    control_plane: ControlPlane, node_runtime: NodeRuntime, tmp_path: Path
+    control_plane: ControlPlane, node_runtime: NodeRuntime, prometheus_bin: Path, tmp_path: Path
 ) -> None:
     before_mounts, before_links = mounts(), interfaces()
     state = tmp_path / "cluster"
-    env = cluster_up(state, control_plane.bin_dir, ["node-01", "node-02"], runtime=node_runtime)
+    env = cluster_up(
+        state,
+        control_plane.bin_dir,
+        ["node-01", "node-02"],
+        runtime=node_runtime,
+        prometheus_bin=prometheus_bin,
+    )
     supervisor = int((state / "supervisor.pid").read_text())
     started = [supervisor, *_children(supervisor)]
     assert env.exports().startswith(f"export KUBECONFIG={env.kubeconfig}\n")
@@ -158,6 +165,9 @@ async def test_cluster_up_reuses_a_running_cluster_and_cluster_down_leaves_nothi
     async with await kube.Kube.connect(env.kubeconfig) as api:
         listed = await api.get("/api/v1/nodes")
         assert sorted(n["metadata"]["name"] for n in listed["items"]) == ["node-01", "node-02"]
+    prometheus = prometheus_of(state)
+    assert prometheus is not None, "make run's Prometheus beside the cluster"
+    assert prometheus.query("vector(1)")[0]["value"][1] == "1"
 
     namespaces = node_namespaces(state)
     assert len(namespaces) == 2, "a PID namespace per node"
