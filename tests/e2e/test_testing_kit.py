@@ -23,7 +23,7 @@ from dra_gpu.testing import (
     prometheus_of,
 )
 from dra_gpu.testing._node import _hierarchies, _remove_orphaned_cgroups
-from tests.e2e.helpers import workload
+from tests.e2e.helpers import exists, workload
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
@@ -39,7 +39,11 @@ async def test_real_nodes_are_ready_untainted_and_renew_their_leases(
         assert node["status"]["addresses"][0]["address"] == real.address
         assert (real.kubelet_dir / "plugins_registry").is_dir()
     lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-01"
-    first = (await api.get(lease_path))["spec"]["renewTime"]
+
+    async def lease() -> kube.Body | None:  # created by the kubelet just after it registered
+        return await api.get(lease_path) if await exists(api, lease_path) else None
+
+    first = (await eventually(lease, what="lease of node-01"))["spec"]["renewTime"]
 
     async def renewed() -> bool:
         return bool((await api.get(lease_path))["spec"]["renewTime"] != first)
