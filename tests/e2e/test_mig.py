@@ -131,8 +131,9 @@ def assert_fits(devices: dict[str, str]) -> None:
     assert sum(p.profile.compute_slices for p in used) <= mig.COMPUTE_SLICES, devices
 
 
-async def settled(api: kube.Kube, ns: str, names: list[str]) -> dict[str, str] | None:
-    """Once every pod of ``names`` runs or was found unschedulable: what is allocated."""
+async def settled(api: kube.Kube, ns: str, names: list[str]) -> tuple[dict[str, str]] | None:
+    """Once every pod of ``names`` runs or was found unschedulable: what is allocated (in a
+    1-tuple: nothing allocated, ``{}``, is an answer too)."""
     now = await allocated(api, ns)
     assert_fits(now)  # checked on every sample, not only at the end
     refused = {
@@ -144,7 +145,7 @@ async def settled(api: kube.Kube, ns: str, names: list[str]) -> dict[str, str] |
         pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
         if pod["status"].get("phase") != "Running" and name not in refused:
             return None
-    return now
+    return (now,)
 
 
 async def test_a_burst_of_mig_claims_never_over_commits_the_gpu(
@@ -168,11 +169,13 @@ async def test_a_burst_of_mig_claims_never_over_commits_the_gpu(
             for n, p in zip(names, BURST, strict=True)
         )
     )
-    first = await eventually(lambda: settled(api, ns, names), timeout=180, what="burst scheduled")
+    (first,) = await eventually(
+        lambda: settled(api, ns, names), timeout=180, what="burst scheduled"
+    )
     devices = [d["name"] for s in await published() for d in s["spec"].get("devices") or []]
     # Then a claim for the whole GPU.
     await claim_and_pod(api, ns, "whole", mig_class, selector("whole"))
-    after = await eventually(
+    (after,) = await eventually(
         lambda: settled(api, ns, [*names, "whole"]), timeout=180, what="whole-GPU claim scheduled"
     )
     if not partitions_served:
@@ -195,7 +198,8 @@ async def test_a_burst_of_mig_claims_never_over_commits_the_gpu(
     waiting = [n for n in [*names, "whole"] if n not in first]
 
     async def second_wave() -> dict[str, str] | None:
-        now = await settled(api, ns, waiting)
+        found = await settled(api, ns, waiting)
+        now = found[0] if found else {}
         return now if now and not set(now) & set(first) else None
 
     second = await eventually(second_wave, timeout=180, what="waiting claims scheduled")
