@@ -170,15 +170,22 @@ def _shortest_digits(value: float) -> tuple[str, int]:
     return digits, point
 
 
-def format_float_g(value: float) -> str:
-    """fmt.Sprintf("%g", value): shortest digits; %e below 1e-4 and from 1e+06, as Go does."""
+def _special(value: float) -> str | None:
+    """Go's text for NaN, the infinities and (signed) zero; None for any other value."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    sign = "-" if math.copysign(1.0, value) < 0 else ""
     if value == 0:
-        return sign + "0"
+        return ("-" if math.copysign(1.0, value) < 0 else "") + "0"
+    return None
+
+
+def format_float_g(value: float) -> str:
+    """fmt.Sprintf("%g", value): shortest digits; %e below 1e-4 and from 1e+06, as Go does."""
+    if (special := _special(value)) is not None:
+        return special
+    sign = "-" if value < 0 else ""
     digits, point = _shortest_digits(value)
     exponent = point - 1
     if exponent < -4 or exponent >= 6:  # %g with the shortest digits: Go's eprec 6
@@ -198,15 +205,10 @@ def _positional(digits: str, point: int) -> str:
 
 def format_float_f(value: float) -> str:
     """strconv.FormatFloat(value, 'f', -1, 64)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    sign = "-" if math.copysign(1.0, value) < 0 else ""
-    if value == 0:
-        return sign + "0"
+    if (special := _special(value)) is not None:
+        return special
     digits, point = _shortest_digits(value)
-    return sign + _positional(digits, point)
+    return ("-" if value < 0 else "") + _positional(digits, point)
 
 
 # --- time ----------------------------------------------------------------------------------------
