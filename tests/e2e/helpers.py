@@ -60,6 +60,54 @@ async def exists(api: kube.Kube, path: str) -> bool:
     return True
 
 
+async def gone(api: kube.Kube, path: str) -> bool:
+    return not await exists(api, path)
+
+
+async def server_minor(api: kube.Kube) -> int:
+    """The API server's minor version (36 for 1.36): features on by default differ by it."""
+    version = await api.get("/version")
+    return int(str(version["minor"]).rstrip("+"))
+
+
+@contextlib.asynccontextmanager
+async def driver_class(api: kube.Kube, name: str) -> AsyncIterator[str]:
+    """A DeviceClass ``name`` admitting every device of gpu.example.com; deleted afterwards."""
+    selectors = [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]
+    await api.create(
+        f"{RESOURCE}/deviceclasses",
+        {"metadata": {"name": name}, "spec": {"selectors": selectors}},
+    )
+    try:
+        yield name
+    finally:
+        await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+
+
+@contextlib.asynccontextmanager
+async def agent_on(
+    api: kube.Kube,
+    agent: AgentProcess,
+    namespace: str,
+    pods_gone_within: float = 60,
+) -> AsyncIterator[AgentProcess]:
+    """``agent`` started; afterwards the test's pods are deleted while it still runs (a pod
+    whose claim was prepared only goes once the driver unprepared it), then it stops and its
+    node's slices go."""
+    await agent.astart()
+    try:
+        yield agent
+    finally:
+        await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
+
+        async def no_pods() -> bool:
+            return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
+
+        await eventually(no_pods, timeout=pods_gone_within, what="test pods gone")
+        agent.stop()
+        await delete_our_slices(api, [agent.node])
+
+
 async def events_of(api: kube.Kube, namespace: str, kind: str = "Pod") -> list[kube.Body]:
     listing = await api.get(
         f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.kind={kind}"
@@ -134,43 +182,38 @@ async def gpu_nodes(
         "nodes:\n"
         + "".join(f"  {n}:\n    devices:\n    - count: {gpus}\n      memory: 16Gi\n" for n in names)
     )
-    selectors = [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {"metadata": {"name": device_class}, "spec": {"selectors": selectors}},
-    )
     nodes = [RealNode(control_plane, n, next(_node_indexes), root / n, runtime) for n in names]
-    try:
-        await asyncio.to_thread(start_nodes, nodes)
-        for name in names:
-            await api.patch(
-                f"/api/v1/nodes/{name}",
-                {"metadata": {"labels": {"dra-gpu.io/pool": device_class}}},
-            )
-        agents = [
-            AgentProcess.on(
-                node,
-                control_plane.kubeconfig,
-                root / f"agent-{node.name}",
-                profile=profile,
-                env=dict(agent_env or {}),
-            )
-            for node in nodes
-        ]
+    async with driver_class(api, device_class):
         try:
-            await asyncio.gather(*(a.astart(120) for a in agents))
-            yield nodes, agents
+            await asyncio.to_thread(start_nodes, nodes)
+            for name in names:
+                await api.patch(
+                    f"/api/v1/nodes/{name}",
+                    {"metadata": {"labels": {"dra-gpu.io/pool": device_class}}},
+                )
+            agents = [
+                AgentProcess.on(
+                    node,
+                    control_plane.kubeconfig,
+                    root / f"agent-{node.name}",
+                    profile=profile,
+                    env=dict(agent_env or {}),
+                )
+                for node in nodes
+            ]
+            try:
+                await asyncio.gather(*(a.astart(120) for a in agents))
+                yield nodes, agents
+            finally:
+                for agent in agents:
+                    agent.stop()
         finally:
-            for agent in agents:
-                agent.stop()
-    finally:
-        for node in nodes:
-            await asyncio.to_thread(node.stop)
-        for name in names:  # the other tests count three nodes
-            with contextlib.suppress(kube.ApiError):
-                await api.delete(f"/api/v1/nodes/{name}")
-        await delete_our_slices(api, names)
-        await api.delete(f"{RESOURCE}/deviceclasses/{device_class}")
+            for node in nodes:
+                await asyncio.to_thread(node.stop)
+            for name in names:  # the other tests count three nodes
+                with contextlib.suppress(kube.ApiError):
+                    await api.delete(f"/api/v1/nodes/{name}")
+            await delete_our_slices(api, names)
 
 
 async def delete_our_slices(api: kube.Kube, nodes: Collection[str] | None = None) -> None:

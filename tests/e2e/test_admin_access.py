@@ -19,7 +19,7 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.agent.claims import ADMIN_ACCESS_ENV
 from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import Kubectl, container_env, delete_our_slices, event_with, workload
+from tests.e2e.helpers import Kubectl, agent_on, container_env, driver_class, event_with, workload
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -29,16 +29,8 @@ ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 
 @pytest_asyncio.fixture
 async def admin_class(api: kube.Kube) -> AsyncIterator[str]:
-    name = "dra-gpu-test-admin"
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        },
-    )
-    yield name
-    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+    async with driver_class(api, "dra-gpu-test-admin") as name:
+        yield name
 
 
 @pytest_asyncio.fixture
@@ -52,16 +44,8 @@ async def agent(
     started = AgentProcess.on(
         node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=PROFILE
     )
-    await started.astart()
-    yield started
-    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
-
-    async def no_pods() -> bool:
-        return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
-
-    await eventually(no_pods, what="test pods gone")
-    started.stop()
-    await delete_our_slices(api, ["node-01"])
+    async with agent_on(api, started, namespace):
+        yield started
 
 
 def claim_body(name: str, device_class: str, *, cel: str = "", admin: bool = False) -> kube.Body:

@@ -34,7 +34,15 @@ from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import EXAMPLES, Kubectl, delete_our_slices, event_with, gpu_env, workload
+from tests.e2e.helpers import (
+    EXAMPLES,
+    Kubectl,
+    delete_our_slices,
+    driver_class,
+    event_with,
+    gpu_env,
+    workload,
+)
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -182,16 +190,8 @@ async def nothing_left(api: kube.Kube, ns: str) -> bool:
 
 @pytest_asyncio.fixture
 async def any_gpu_class(api: kube.Kube) -> AsyncIterator[str]:
-    name = "dra-gpu-test-any"
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        },
-    )
-    yield name
-    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+    async with driver_class(api, "dra-gpu-test-any") as name:
+        yield name
 
 
 async def claim_and_pod(

@@ -154,14 +154,10 @@ async def remove(helm: helpers.Helm, api: kube.Kube, release: Release) -> None:
     await helm.run("uninstall", release.name, "--namespace", release.namespace)
     await api.delete(f"/api/v1/namespaces/{release.namespace}")
     await eventually(
-        lambda: gone(api, f"/api/v1/namespaces/{release.namespace}"),
+        lambda: helpers.gone(api, f"/api/v1/namespaces/{release.namespace}"),
         timeout=120,
         what=f"namespace {release.namespace} gone",
     )
-
-
-async def gone(api: kube.Kube, path: str) -> bool:
-    return not await helpers.exists(api, path)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -535,7 +531,7 @@ async def test_upgrade_and_uninstall_leave_only_what_the_user_made(
 
         await helm("uninstall", release.name, "--namespace", release.namespace)
         for path in cluster_scoped:
-            await eventually(functools.partial(gone, api, path), what=f"{path} deleted")
+            await eventually(functools.partial(helpers.gone, api, path), what=f"{path} deleted")
         selector = f"app.kubernetes.io/instance={release.name}"
         for path in (
             "/api/v1/namespaces/{ns}/serviceaccounts",

@@ -28,7 +28,7 @@ from dra_gpu.testing import (
     RealNode,
     eventually,
 )
-from tests.e2e.helpers import delete_our_slices, workload
+from tests.e2e.helpers import delete_our_slices, driver_class, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -84,14 +84,8 @@ async def test_sigterm_exits_0_releases_the_lease_and_the_standby_leads_at_once(
 
 @pytest_asyncio.fixture
 async def device_class(api: kube.Kube) -> AsyncIterator[str]:
-    name = f"lifecycle-{secrets.token_hex(3)}"
-    selectors = [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {"metadata": {"name": name}, "spec": {"selectors": selectors}},
-    )
-    yield name
-    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+    async with driver_class(api, f"lifecycle-{secrets.token_hex(3)}") as name:
+        yield name
 
 
 async def controller_events(api: kube.Kube, ns: str, uid: str) -> list[kube.Body]:

@@ -19,17 +19,12 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.controller.reporter import COMPONENT
 from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import delete_our_slices, events_of, workload
+from tests.e2e.helpers import agent_on, driver_class, events_of, server_minor, workload
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
 PROFILE = Path(__file__).resolve().parents[2] / "charts/dra-gpu/profiles/tutorial.yaml"
 QUIET_SECONDS = 8
-
-
-async def server_minor(api: kube.Kube) -> int:
-    version = await api.get("/version")
-    return int(str(version["minor"]).rstrip("+"))
 
 
 async def taints_served(api: kube.Kube) -> bool:
@@ -39,16 +34,8 @@ async def taints_served(api: kube.Kube) -> bool:
 
 @pytest_asyncio.fixture
 async def health_class(api: kube.Kube) -> AsyncIterator[str]:
-    name = "dra-gpu-test-health"
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        },
-    )
-    yield name
-    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+    async with driver_class(api, "dra-gpu-test-health") as name:
+        yield name
 
 
 @pytest_asyncio.fixture
@@ -70,16 +57,8 @@ async def agent(
             "DRA_GPU_HEALTH_POLL_SECONDS": "0.5",
         },
     )
-    await started.astart()
-    yield started
-    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
-
-    async def no_pods() -> bool:
-        return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
-
-    await eventually(no_pods, what="test pods gone")
-    started.stop()
-    await delete_our_slices(api, ["node-01"])
+    async with agent_on(api, started, namespace):
+        yield started
 
 
 async def gpu_pod(api: kube.Kube, ns: str, name: str, device_class: str, cel: str) -> None:

@@ -18,17 +18,21 @@ import yaml
 
 from dra_gpu import kube
 from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import REPO, Helm, Kubectl, delete_our_slices, event_with, gpu_env, workload
+from tests.e2e.helpers import (
+    REPO,
+    Helm,
+    Kubectl,
+    agent_on,
+    event_with,
+    gpu_env,
+    server_minor,
+    workload,
+)
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 CHART = REPO / "charts" / "dra-gpu"
 PROFILE = CHART / "profiles" / "tutorial.yaml"
 EXTENDED = "gpu.example.com/gpu"
-
-
-async def server_minor(api: kube.Kube) -> int:
-    version = await api.get("/version")
-    return int(str(version["minor"]).rstrip("+"))
 
 
 @pytest_asyncio.fixture
@@ -53,16 +57,8 @@ async def agent(
     started = AgentProcess.on(
         node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=PROFILE
     )
-    await started.astart()
-    yield started
-    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
-
-    async def no_pods() -> bool:
-        return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
-
-    await eventually(no_pods, what="test pods gone")
-    started.stop()
-    await delete_our_slices(api, ["node-01"])
+    async with agent_on(api, started, namespace):
+        yield started
 
 
 async def test_pod_with_an_extended_resource_limit_and_no_claim_runs_with_a_gpu(

@@ -20,7 +20,15 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.devices import mig
 from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import Kubectl, delete_our_slices, events_of, gpu_env, workload
+from tests.e2e.helpers import (
+    Kubectl,
+    agent_on,
+    driver_class,
+    events_of,
+    gpu_env,
+    server_minor,
+    workload,
+)
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -34,23 +42,10 @@ BURST = ["3g.20gb"] * 3 + ["2g.10gb"] * 3 + ["1g.5gb"] * 4
 PLACEMENTS = {mig.partition_name_of("gpu-0", p): p for p in mig.placements(mig.A100_40GB)}
 
 
-async def server_minor(api: kube.Kube) -> int:
-    version = await api.get("/version")
-    return int(str(version["minor"]).rstrip("+"))
-
-
 @pytest_asyncio.fixture
 async def mig_class(api: kube.Kube) -> AsyncIterator[str]:
-    name = "dra-gpu-test-mig"
-    await api.create(
-        f"{RESOURCE}/deviceclasses",
-        {
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        },
-    )
-    yield name
-    await api.delete(f"{RESOURCE}/deviceclasses/{name}")
+    async with driver_class(api, "dra-gpu-test-mig") as name:
+        yield name
 
 
 @pytest_asyncio.fixture
@@ -66,16 +61,8 @@ async def agent(
     started = AgentProcess.on(
         node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=profile
     )
-    await started.astart()
-    yield started
-    await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods")
-
-    async def no_pods() -> bool:
-        return not (await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
-
-    await eventually(no_pods, timeout=120, what="test pods gone")
-    started.stop()
-    await delete_our_slices(api, ["node-01"])
+    async with agent_on(api, started, namespace, pods_gone_within=120):
+        yield started
 
 
 def selector(profile: str) -> str:

@@ -48,7 +48,7 @@ from dra_gpu.testing import (
     ScrapeTarget,
     eventually,
 )
-from tests.e2e.helpers import EXAMPLES, REPO, Kubectl, delete_our_slices, workload
+from tests.e2e.helpers import EXAMPLES, REPO, Kubectl, delete_our_slices, exists, gone, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 DRIVER = "gpu.example.com"
@@ -179,7 +179,7 @@ async def observed(
         load_started = time.time()
         await api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
         await eventually(
-            lambda: _exists(api, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
+            lambda: exists(api, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
             what="the namespace's default ServiceAccount",
         )
         await kubectl("apply", "-f", str(EXAMPLES / "deviceclass.yaml"))
@@ -214,7 +214,7 @@ async def observed(
         with contextlib.suppress(kube.ApiError):
             await api.delete(f"/api/v1/namespaces/{namespace}")
         await eventually(
-            lambda: _gone(api, f"/api/v1/namespaces/{namespace}"),
+            lambda: gone(api, f"/api/v1/namespaces/{namespace}"),
             timeout=120,
             what=f"namespace {namespace} gone",
         )
@@ -224,20 +224,6 @@ async def observed(
         with contextlib.suppress(kube.ApiError):
             await api.delete(f"{RESOURCE}/deviceclasses/gpu-inferencia")
         await delete_our_slices(api, NODES)
-
-
-async def _exists(api: kube.Kube, path: str) -> bool:
-    try:
-        await api.get(path)
-    except kube.ApiError as exc:
-        if exc.not_found:
-            return False
-        raise
-    return True
-
-
-async def _gone(api: kube.Kube, path: str) -> bool:
-    return not await _exists(api, path)
 
 
 async def _prepare_failure_events(api: kube.Kube, namespace: str) -> int:
