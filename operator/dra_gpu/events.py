@@ -5,6 +5,7 @@ Every user-facing failure is an Event and a log line that say the same thing (se
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -53,28 +54,35 @@ def event_body(
     }
 
 
-async def post(
-    api: kube.Kube,
-    regarding: dict[str, str],
-    *,
-    type_: str,
-    reason: str,
-    message: str,
-    component: str,
-    host: str,
-) -> None:
-    """Post one Event; a failure to post is logged, never raised (the log line still says it)."""
-    body = event_body(
-        regarding, type_=type_, reason=reason, message=message, component=component, host=host
-    )
-    try:
-        namespace = body["metadata"]["namespace"]
-        await api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
-    except Exception as exc:
-        log.warning(
-            "could not post event %s on %s %s: %s",
-            reason,
-            regarding.get("kind"),
-            regarding.get("name"),
-            exc,
+@dataclasses.dataclass(frozen=True)
+class Recorder:
+    """Posts the Events of one component (``reportingController``) running on ``host``."""
+
+    api: kube.Kube
+    component: str
+    host: str
+
+    async def post(
+        self, regarding: dict[str, str], *, type_: str, reason: str, message: str
+    ) -> None:
+        """Post one Event; a failure to post is logged, never raised (the log line still says
+        it)."""
+        body = event_body(
+            regarding,
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=self.component,
+            host=self.host,
         )
+        try:
+            namespace = body["metadata"]["namespace"]
+            await self.api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
+        except Exception as exc:
+            log.warning(
+                "could not post event %s on %s %s: %s",
+                reason,
+                regarding.get("kind"),
+                regarding.get("name"),
+                exc,
+            )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 import prometheus_client
 from aiohttp import web
@@ -50,11 +51,21 @@ def _app(
     return app
 
 
+class Listening(Protocol):
+    """Where to serve (the agent's and the controller's settings): 0 turns a part off; the
+    two parts share one listener when their ports are the same."""
+
+    @property
+    def bind_address(self) -> str: ...
+    @property
+    def metrics_port(self) -> int: ...
+    @property
+    def health_port(self) -> int: ...
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    address: str,
-    metrics_port: int,
-    health_port: int,
+    where: Listening,
     *,
     registry: prometheus_client.CollectorRegistry,
     healthz: Check,
@@ -62,10 +73,10 @@ async def serving(
 ) -> AsyncIterator[list[int]]:
     """Serve until exit; yields the bound ports (useful with port 0 in tests)."""
     layout: dict[int, dict[str, bool]] = {}
-    if metrics_port:
-        layout.setdefault(metrics_port, {})["metrics"] = True
-    if health_port:
-        layout.setdefault(health_port, {})["health"] = True
+    if where.metrics_port:
+        layout.setdefault(where.metrics_port, {})["metrics"] = True
+    if where.health_port:
+        layout.setdefault(where.health_port, {})["health"] = True
     runners: list[web.AppRunner] = []
     ports: list[int] = []
     try:
@@ -78,7 +89,7 @@ async def serving(
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             runners.append(runner)
-            site = web.TCPSite(runner, address, port)
+            site = web.TCPSite(runner, where.bind_address, port)
             await site.start()
             server = site._server  # aiohttp exposes the bound sockets only here
             sockets = getattr(server, "sockets", None) or []

@@ -23,7 +23,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import aiohttp
 import yaml
@@ -39,6 +39,14 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
     "json": "application/json-patch+json",
     "apply": "application/apply-patch+yaml",
 }
+
+
+class RequestOptions(TypedDict, total=False):
+    """What a request may carry besides its method and path."""
+
+    body: Any
+    query: Mapping[str, Any] | None
+    content_type: str
 
 
 class ApiError(Exception):
@@ -159,16 +167,9 @@ class Kube:
             raise ApiError(method, path, response.status, decoded)
         return response
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: Mapping[str, Any] | None = None,
-        content_type: str = "application/json",
-    ) -> Body:
-        response = await self._send(method, path, body=body, query=query, content_type=content_type)
+    async def request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> Body:
+        """One request; its JSON answer, or ``ApiError``."""
+        response = await self._send(method, path, **options)
         try:
             result: Body = await response.json(content_type=None)
         finally:

@@ -13,6 +13,8 @@ import math
 import re
 from typing import Final
 
+from dra_gpu._cel.values import INT64_MAX, INT64_MIN, UINT64_MAX
+
 __all__ = [
     "format_float_f",
     "format_float_g",
@@ -27,9 +29,6 @@ __all__ = [
     "trim_space",
 ]
 
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
-_UINT64_MAX: Final = 2**64 - 1
 
 # --- strconv -------------------------------------------------------------------------------------
 
@@ -42,7 +41,7 @@ def parse_int(text: str) -> int | None:
     if not _DEC.fullmatch(text):
         return None
     value = int(text)
-    return value if _INT64_MIN <= value <= _INT64_MAX else None
+    return value if INT64_MIN <= value <= INT64_MAX else None
 
 
 def parse_uint(text: str) -> int | None:
@@ -50,7 +49,7 @@ def parse_uint(text: str) -> int | None:
     if not _UDEC.fullmatch(text):
         return None
     value = int(text)
-    return value if value <= _UINT64_MAX else None
+    return value if value <= UINT64_MAX else None
 
 
 def parse_bool(text: str) -> bool | None:

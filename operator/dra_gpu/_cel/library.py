@@ -192,73 +192,45 @@ equal = cel_equal
 # --- singleton operators --------------------------------------------------------------------------
 
 
+_JOINED = (str, float, list, bytes)
+"""Types whose ``+`` is Python's own: concatenation, or float addition (no overflow in CEL)."""
+
+
 def op_add(a: Any, b: Any) -> Any:
     ta = type(a)
     tb = type(b)
-    if ta is int:
-        if tb is not int:
-            raise no_such_overload()
-        return _check_int(a + b)
-    if ta is str:
-        if tb is not str:
-            raise no_such_overload()
-        return a + b
-    if ta is float:
-        if tb is not float:
-            raise no_such_overload()
-        return a + b
-    if ta is Uint:
-        if tb is not Uint:
-            raise no_such_overload()
-        return _check_uint(a + b)
-    if ta is list:
-        if tb is not list:
-            raise no_such_overload()
-        return a + b
-    if ta is bytes:
-        if tb is not bytes:
-            raise no_such_overload()
-        return a + b
-    if ta is Duration:
-        if tb is Duration:
+    if ta is tb:
+        if ta is int:
+            return _check_int(a + b)
+        if ta in _JOINED:
+            return a + b
+        if ta is Uint:
+            return _check_uint(a + b)
+        if ta is Duration:
             return Duration(_check_int(a.nanos + b.nanos))
-        if tb is Timestamp:
-            return _add_time(b, a.nanos)
-        raise no_such_overload()
-    if ta is Timestamp:
-        if tb is Duration:
-            return _add_time(a, b.nanos)
-        raise no_such_overload()
+    elif ta is Duration and tb is Timestamp:
+        return _add_time(b, a.nanos)
+    elif ta is Timestamp and tb is Duration:
+        return _add_time(a, b.nanos)
     raise no_such_overload()
 
 
 def op_sub(a: Any, b: Any) -> Any:
     ta = type(a)
     tb = type(b)
-    if ta is int:
-        if tb is not int:
-            raise no_such_overload()
-        return _check_int(a - b)
-    if ta is float:
-        if tb is not float:
-            raise no_such_overload()
-        return a - b
-    if ta is Uint:
-        if tb is not Uint:
-            raise no_such_overload()
-        return _check_uint(a - b)
-    if ta is Duration:
-        if tb is not Duration:
-            raise no_such_overload()
-        return Duration(_check_int(a.nanos - b.nanos))
-    if ta is Timestamp:
-        if tb is Duration:
-            if b.nanos == INT64_MIN:
-                raise CelError("integer overflow")
-            return _add_time(a, -b.nanos)
-        if tb is Timestamp:
+    if ta is tb:
+        if ta is int:
+            return _check_int(a - b)
+        if ta is float:
+            return a - b
+        if ta is Uint:
+            return _check_uint(a - b)
+        if ta is Duration or ta is Timestamp:
             return Duration(_check_int(a.nanos - b.nanos))
-        raise no_such_overload()
+    elif ta is Timestamp and tb is Duration:
+        if b.nanos == INT64_MIN:
+            raise CelError("integer overflow")
+        return _add_time(a, -b.nanos)
     raise no_such_overload()
 
 
@@ -269,10 +241,16 @@ def _add_time(t: Timestamp, nanos: int) -> Timestamp:
     return Timestamp(total, t.offset)
 
 
-def op_mul(a: Any, b: Any) -> Any:
+def _operand_type(a: Any, b: Any) -> type:
+    """The type of both operands of ``*``, ``/`` and ``%`` (CEL has no mixed arithmetic)."""
     ta = type(a)
     if ta is not type(b):
         raise no_such_overload()
+    return ta
+
+
+def op_mul(a: Any, b: Any) -> Any:
+    ta = _operand_type(a, b)
     if ta is int:
         return _check_int(a * b)
     if ta is float:
@@ -283,41 +261,31 @@ def op_mul(a: Any, b: Any) -> Any:
 
 
 def op_div(a: Any, b: Any) -> Any:
-    ta = type(a)
-    if ta is not type(b):
-        raise no_such_overload()
-    if ta is int:
-        if b == 0:
-            raise CelError("division by zero")
-        return _check_int(_trunc_div(a, b))
+    ta = _operand_type(a, b)
     if ta is float:
         if b == 0:
             if a != a or a == 0:
                 return math.nan
             return math.copysign(math.inf, a) * math.copysign(1.0, b)
         return a / b
-    if ta is Uint:
-        if b == 0:
-            raise CelError("division by zero")
-        return Uint(a // b)
-    raise no_such_overload()
+    if ta is not int and ta is not Uint:
+        raise no_such_overload()
+    if b == 0:
+        raise CelError("division by zero")
+    return _check_int(_trunc_div(a, b)) if ta is int else Uint(a // b)
 
 
 def op_mod(a: Any, b: Any) -> Any:
-    ta = type(a)
-    if ta is not type(b):
+    ta = _operand_type(a, b)
+    if ta is not int and ta is not Uint:
         raise no_such_overload()
-    if ta is int:
-        if b == 0:
-            raise CelError("modulus by zero")
-        if a == INT64_MIN and b == -1:
-            raise CelError("integer overflow")
-        return _go_mod(a, b)
+    if b == 0:
+        raise CelError("modulus by zero")
     if ta is Uint:
-        if b == 0:
-            raise CelError("modulus by zero")
         return Uint(a % b)
-    raise no_such_overload()
+    if a == INT64_MIN and b == -1:
+        raise CelError("integer overflow")
+    return _go_mod(a, b)
 
 
 def op_neg(a: Any) -> Any:
@@ -606,12 +574,15 @@ def join(items: list[Any], separator: str = "") -> str:
     return separator.join(items)
 
 
+_ESCAPES: Final = {
+    "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+    "\v": "\\v", "\\": "\\\\", '"': '\\"',
+}  # fmt: skip
+"""Go's backslash escapes: strings.quote and strconv.Quote use the same."""
+
+
 def quote(s: str) -> str:
-    escapes = {
-        "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-        "\v": "\\v", "\\": "\\\\", '"': '\\"',
-    }  # fmt: skip
-    return '"' + "".join(escapes.get(c, c) for c in s) + '"'
+    return '"' + "".join(_ESCAPES.get(c, c) for c in s) + '"'
 
 
 # --- lists (cel-go ext.Lists version 3, Kubernetes lists version 1) -------------------------------
@@ -999,22 +970,8 @@ def _go_quote(text: str) -> str:
     out = ['"']
     for c in text:
         cp = ord(c)
-        if c in ('"', "\\"):
-            out.append("\\" + c)
-        elif c == "\a":
-            out.append("\\a")
-        elif c == "\b":
-            out.append("\\b")
-        elif c == "\f":
-            out.append("\\f")
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\r":
-            out.append("\\r")
-        elif c == "\t":
-            out.append("\\t")
-        elif c == "\v":
-            out.append("\\v")
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
         elif c.isprintable() or c == " ":
             out.append(c)
         elif cp < 0x80:

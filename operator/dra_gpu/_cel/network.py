@@ -139,9 +139,7 @@ def parse_ip(text: str) -> IP:
         raise CelError(
             f"IP Address {text!r} parse error during conversion from string: {error}"
         ) from None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        raise CelError(f"IPv4-mapped IPv6 address {text!r} is not allowed")
-    return IP(address)
+    return IP(_not_ipv4_mapped(address, text))
 
 
 def parse_cidr(text: str) -> CIDR:
@@ -160,9 +158,13 @@ def parse_cidr(text: str) -> CIDR:
         raise CelError(
             f"network address parse error during conversion from string: {error}"
         ) from None
+    return CIDR(_not_ipv4_mapped(address, text), bits)
+
+
+def _not_ipv4_mapped(address: _Address, text: str) -> _Address:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         raise CelError(f"IPv4-mapped IPv6 address {text!r} is not allowed")
-    return CIDR(address, bits)
+    return address
 
 
 def is_canonical(text: str) -> bool:

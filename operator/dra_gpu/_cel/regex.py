@@ -200,6 +200,10 @@ def _escape_char(cp: int) -> str:
     return re.escape(chr(cp))
 
 
+_FLAG_NAMES: Final = {"i": "fold", "m": "multi", "s": "dot_nl", "U": "ungreedy"}
+"""The flags of ``(?flags)`` and ``(?flags:re)``, by letter."""
+
+
 class _Flags:
     __slots__ = ("dot_nl", "fold", "multi", "ungreedy")
 
@@ -384,17 +388,8 @@ class _Parser:
             while j < len(p):
                 ch = p[j]
                 j += 1
-                if ch == "i":
-                    new.fold = sign > 0
-                    saw_flag = True
-                elif ch == "m":
-                    new.multi = sign > 0
-                    saw_flag = True
-                elif ch == "s":
-                    new.dot_nl = sign > 0
-                    saw_flag = True
-                elif ch == "U":
-                    new.ungreedy = sign > 0
+                if ch in _FLAG_NAMES:
+                    setattr(new, _FLAG_NAMES[ch], sign > 0)
                     saw_flag = True
                 elif ch == "-":
                     if sign < 0:

@@ -152,21 +152,13 @@ class _Planner:
         return self.slots + 1  # frame[0] is the device, frame[1] the cost so far
 
     def plan(self, expr: Expr) -> _Fn | _Const:
-        if isinstance(expr, Literal):
-            return _Const(expr.value)
-        if isinstance(expr, Ident):
-            return self.ident(expr)
-        if isinstance(expr, Select):
-            return self.select(expr)
-        if isinstance(expr, Call):
-            return self.call(expr)
-        if isinstance(expr, CreateList):
-            return self.create_list(expr)
-        if isinstance(expr, CreateMap):
-            return self.create_map(expr)
-        if isinstance(expr, Comprehension):
-            return self.comprehension(expr)
-        raise PlanError(f"unsupported expression {type(expr).__name__}", unsupported=True)
+        planner = _PLANNERS.get(type(expr))
+        if planner is None:
+            raise PlanError(f"unsupported expression {type(expr).__name__}", unsupported=True)
+        return planner(self, expr)
+
+    def literal(self, expr: Literal) -> _Const:
+        return _Const(expr.value)
 
     def fn(self, expr: Expr) -> _Fn:
         planned = self.plan(expr)
@@ -396,14 +388,9 @@ class _Planner:
             for fn, opt in pairs:
                 value = fn(f)
                 if opt:
-                    if type(value) is not Optional:
-                        raise CelError(
-                            f"cannot initialize optional list element from non-optional value "
-                            f"{value}"
-                        )
-                    if not value.has_value():
+                    value = _optional_value(value, "list element")
+                    if value is MISSING:
                         continue
-                    value = value.value
                 out.append(value)
             return out
 
@@ -426,15 +413,10 @@ class _Planner:
                 key = key_fn(f)
                 value = value_fn(f)
                 if opt:
-                    if type(value) is not Optional:
-                        raise CelError(
-                            f"cannot initialize optional entry '{key}' from non-optional value "
-                            f"{value}"
-                        )
-                    if not value.has_value():
+                    value = _optional_value(value, f"entry '{key}'")
+                    if value is MISSING:
                         out.pop(to_key(key), None)
                         continue
-                    value = value.value
                 try:
                     out[to_key(key)] = value
                 except TypeError:
@@ -767,8 +749,27 @@ _SPECIAL: Final[dict[str, Callable[[_Planner, Call], _Fn | _Const]]] = {
 }
 
 
+_PLANNERS: Final[dict[type[Expr], Callable[[_Planner, Any], _Fn | _Const]]] = {
+    Literal: _Planner.literal,
+    Ident: _Planner.ident,
+    Select: _Planner.select,
+    Call: _Planner.call,
+    CreateList: _Planner.create_list,
+    CreateMap: _Planner.create_map,
+    Comprehension: _Planner.comprehension,
+}
+"""How each kind of expression is planned (CreateStruct: none, the checker refuses it)."""
+
+
 def plan(tree: Expr) -> Program:
     """The program for a checked tree; PlanError when it cannot be built."""
     planner = _Planner()
     fn = planner.fn(tree)
     return Program(fn, planner.slots)
+
+
+def _optional_value(value: Any, what: str) -> Any:
+    """The value of an optional element or entry (``?x``); MISSING when it has none."""
+    if type(value) is not Optional:
+        raise CelError(f"cannot initialize optional {what} from non-optional value {value}")
+    return value.value if value.has_value() else MISSING

@@ -177,24 +177,19 @@ class HealthMonitor:
         taint = change.taint
         device = f"{self.node}/{change.device}"
         when = health.format_time(taint.time_added)
+        quiet = f"{self.tracker.quiet.total_seconds():g}s"
+        metrics.DEVICE_TAINT_CHANGES.labels(self.node, "added" if change.added else "cleared").inc()
         if change.added:
             assert change.fault is not None
             metrics.DEVICE_FAULTS.labels(self.node, change.fault.cause).inc()
-            metrics.DEVICE_TAINT_CHANGES.labels(self.node, "added").inc()
             type_, reason = "Warning", UNHEALTHY_REASON
-            message = (
-                f"{device}: {change.fault.message} at {when}: tainted {taint} until it has "
-                f"been quiet for {self.tracker.quiet.total_seconds():g}s"
-            )
-            log.warning("%s", message)
+            message = f"{device}: {change.fault.message} at {when}: tainted {taint} until it has "
+            message += f"been quiet for {quiet}"
         else:
-            metrics.DEVICE_TAINT_CHANGES.labels(self.node, "cleared").inc()
             type_, reason = "Normal", RECOVERED_REASON
-            message = (
-                f"{device}: taint {taint} (since {when}) cleared at {health.format_time(now)}: "
-                f"no fault for {self.tracker.quiet.total_seconds():g}s"
-            )
-            log.info("%s", message)
+            message = f"{device}: taint {taint} (since {when}) cleared at "
+            message += f"{health.format_time(now)}: no fault for {quiet}"
+        log.log(logging.WARNING if change.added else logging.INFO, "%s", message)
         remaining = self.tracker.taints().get(change.device) or ()
         self.on_device_health(
             change.device,
@@ -221,16 +216,9 @@ class HealthMonitor:
             for claim in self.claims()
             if change.device in claim.devices
         ]
+        recorder = events.Recorder(self.api, COMPONENT, self.node)
         for ref in regarding:
-            await events.post(
-                self.api,
-                ref,
-                type_=type_,
-                reason=reason,
-                message=message,
-                component=COMPONENT,
-                host=self.node,
-            )
+            await recorder.post(ref, type_=type_, reason=reason, message=message)
 
     async def _node_uid(self) -> str:
         assert self.api is not None

@@ -218,14 +218,11 @@ class SlicePublisher:
         self._update_contention_metrics()
         if decision.report is not None:
             log.warning("%s", decision.report)
-            await events.post(
-                self.api,
+            await events.Recorder(self.api, COMPONENT, self.node).post(
                 events.object_ref({"apiVersion": "v1", "kind": "Node", **node}),
                 type_="Warning",
                 reason=CONFLICT_REASON,
                 message=decision.report,
-                component=COMPONENT,
-                host=self.node,
             )
         if decision.wait > 0:
             self._wait = decision.wait

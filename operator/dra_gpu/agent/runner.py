@@ -209,14 +209,7 @@ async def _serve(
     try:
         async with (
             sockets,
-            httpserver.serving(
-                settings.bind_address,
-                settings.metrics_port,
-                settings.health_port,
-                registry=metrics.AGENT,
-                healthz=healthz,
-                readyz=readyz,
-            ),
+            httpserver.serving(settings, registry=metrics.AGENT, healthz=healthz, readyz=readyz),
         ):
             log.info(
                 "serving %s on node %s as %s: %s",
@@ -294,14 +287,8 @@ async def load_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint
             node = events.object_ref(await api.get(f"/api/v1/nodes/{settings.node_name}"))
         except Exception:  # the log line above already says it; the event is best effort
             node = {"apiVersion": "v1", "kind": "Node", "name": settings.node_name}
-        await events.post(
-            api,
-            node,
-            type_="Warning",
-            reason="CheckpointCorrupt",
-            message=message,
-            component=COMPONENT,
-            host=settings.node_name,
+        await events.Recorder(api, COMPONENT, settings.node_name).post(
+            node, type_="Warning", reason="CheckpointCorrupt", message=message
         )
         return rebuilt
 

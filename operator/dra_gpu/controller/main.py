@@ -208,12 +208,7 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
             return ok, "ok" if ok else "no complete pass over the cluster yet"
 
         async with httpserver.serving(
-            settings.bind_address,
-            settings.metrics_port,
-            settings.health_port,
-            registry=metrics.CONTROLLER,
-            healthz=healthz,
-            readyz=readyz,
+            settings, registry=metrics.CONTROLLER, healthz=healthz, readyz=readyz
         ):
             if not await api.wait_until_ready(stopping, on_attempt=still_waiting):
                 return  # stopped before the API server answered

@@ -22,6 +22,7 @@ class Reporter:
     def __init__(self, api: kube.Kube, host: str) -> None:
         self.api = api
         self.host = host
+        self.recorder = events.Recorder(api, COMPONENT, host)
         self._posted: dict[str, str] = {}  # claim uid -> message last posted
 
     def keep_only(self, claim_uids: set[str]) -> None:
@@ -62,15 +63,7 @@ class Reporter:
         object)."""
         api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
         ref = events.object_ref({**body, "apiVersion": api_version, "kind": kind})
-        await events.post(
-            self.api,
-            ref,
-            type_=type_,
-            reason=reason,
-            message=message,
-            component=COMPONENT,
-            host=self.host,
-        )
+        await self.recorder.post(ref, type_=type_, reason=reason, message=message)
 
     async def _last_message(self, claim: kube.Body) -> str | None:
         meta = claim["metadata"]

@@ -26,7 +26,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
+
+from dra_gpu.testing._lifecycle import StartStop
 
 DEFAULT_K8S_VERSION = "v1.37.2"
 # Addresses of the cluster's own namespaces only (RFC 2544's benchmarking range: neither private
@@ -109,7 +110,7 @@ class Ports:
         return cls(free_port(), free_port(), free_port(), free_port(), free_port())
 
 
-class ControlPlane:
+class ControlPlane(StartStop):
     """Start with ``with ControlPlane() as cp:`` (or ``start()``/``stop()``).
 
     ``cp.kubeconfig`` is an admin kubeconfig (static token in ``system:masters``);
@@ -176,18 +177,6 @@ class ControlPlane:
         return path
 
     # ---- lifecycle -----------------------------------------------------------------------
-
-    def __enter__(self) -> ControlPlane:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):

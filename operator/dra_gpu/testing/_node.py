@@ -31,7 +31,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from dra_gpu.testing import _kubelet_checkpoint
 from dra_gpu.testing._control_plane import (
@@ -46,6 +45,7 @@ from dra_gpu.testing._control_plane import (
     write_kubeconfig,
 )
 from dra_gpu.testing._kubelet_checkpoint import KubeletClaim
+from dra_gpu.testing._lifecycle import StartStop
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -181,7 +181,7 @@ def _remove_tree(top: Path, timeout: float = 20.0) -> None:
                 time.sleep(0.1)
 
 
-class RealNode:
+class RealNode(StartStop):
     """One real node; ``start()`` returns once the Node is Ready, ``stop()`` leaves nothing."""
 
     def __init__(
@@ -243,18 +243,6 @@ class RealNode:
         return self.root / "run/cdi"
 
     # ---- lifecycle -------------------------------------------------------------------------
-
-    def __enter__(self) -> RealNode:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self, *, wait: bool = True) -> None:
         """Start the node; with ``wait``, return once it is Ready (else call ``wait_ready``)."""

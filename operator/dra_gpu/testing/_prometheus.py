@@ -36,6 +36,7 @@ import yaml
 
 from dra_gpu.testing._agent import AgentProcess, ControllerProcess
 from dra_gpu.testing._control_plane import _tail, dying_with_parent, free_port
+from dra_gpu.testing._lifecycle import StartStop
 
 Sample = dict[str, Any]
 """One element of a PromQL instant vector: ``{"metric": {label: value}, "value": [t, "v"]}``."""
@@ -98,7 +99,7 @@ def _fullname(release: str) -> str:
 
 
 @dataclasses.dataclass
-class Prometheus:
+class Prometheus(StartStop):
     """A Prometheus server on 127.0.0.1; ``start()``/``astart()`` return once it is ready.
 
     ``bin_dir`` holds ``prometheus`` and ``promtool``. Scrapes and rule evaluations run every
@@ -206,13 +207,6 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self._popen.kill()
             self._popen.wait()
-
-    def __enter__(self) -> Prometheus:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def api(self, path: str, **params: str) -> Any:
         """``GET /api/v1/<path>``; its ``data``, or ``PrometheusError`` with its message."""
