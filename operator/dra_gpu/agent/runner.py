@@ -30,7 +30,7 @@ from dra_gpu.agent import lean  # noqa: F401  (first: before anything loads kube
 # isort: split
 
 from dra_gpu import events, httpserver, kube, metrics
-from dra_gpu.agent import cdi, checkpoint, claims, server
+from dra_gpu.agent import cdi, checkpoint, claims, memory, server
 from dra_gpu.agent.health import ClaimOnDevice, HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
@@ -235,6 +235,7 @@ async def _serve(
                         _watch_registration(registration, publisher), name="registration"
                     )
                     tasks.create_task(sockets.keep_forever(), name="plugin-sockets")
+                    tasks.create_task(memory.trim_after_bursts(), name="memory")
                     tasks.create_task(_stop_on(stopping), name="stop")
             except* _Stop:
                 log.info("stopping; slices stay published")
