@@ -12,6 +12,7 @@ Our parameters are one object kind::
       strategy: Exclusive | TimeSlicing     # default Exclusive
     env:                                    # extra environment for containers using the device
       NAME: value
+    migProfile: 3g.20gb                     # only a MIG partition of this profile will do
 
 Decoding is strict: an unknown field, a wrong type or a bad value is an ``InvalidConfig`` whose
 message names the config entry and the field, because a typo silently ignored would hand a user
@@ -28,6 +29,7 @@ from typing import Any, Final
 API_VERSION: Final = "gpu.dra-gpu.io/v1alpha1"
 KIND: Final = "GpuConfig"
 SHARING_STRATEGIES: Final = ("Exclusive", "TimeSlicing")
+_MIG_PROFILE = re.compile(r"[1-9][0-9]*g\.[1-9][0-9]*gb([+-][a-z][a-z0-9.]*)?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_ENV = 64
 
@@ -42,12 +44,31 @@ class GpuConfig:
 
     sharing: str = "Exclusive"
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    mig_profile: str | None = None
+    """The MIG profile the device must be a partition of (``3g.20gb``); None: any device."""
+    mig_profile_field: str = ""
+    """Which config entry set ``mig_profile`` (``ResourceClaim config[0].opaque.parameters
+    .migProfile``), for the error that names it."""
 
     def merged(self, other: GpuConfig, fields: frozenset[str]) -> GpuConfig:
         """``other`` applied on top of ``self``: fields ``other`` set win, env keys merge."""
+        mig = "migProfile" in fields
         return GpuConfig(
             sharing=other.sharing if "sharing" in fields else self.sharing,
             env={**self.env, **other.env},
+            mig_profile=other.mig_profile if mig else self.mig_profile,
+            mig_profile_field=other.mig_profile_field if mig else self.mig_profile_field,
+        )
+
+    def check_mig_profile(self, device: str, profile: str | None) -> str | None:
+        """Why ``device`` (a MIG partition of ``profile``, or no partition: None) does not
+        satisfy ``migProfile``; None if it does or none was asked for."""
+        if self.mig_profile is None or profile == self.mig_profile:
+            return None
+        got = f"a {profile} partition" if profile else "not a MIG partition"
+        return (
+            f"{self.mig_profile_field} asks for a MIG partition of profile "
+            f"{self.mig_profile}, but the device allocated, {device}, is {got}"
         )
 
     def container_env(self) -> dict[str, str]:
@@ -57,7 +78,7 @@ class GpuConfig:
 def decode(parameters: object, where: str) -> tuple[GpuConfig, frozenset[str]]:
     """Decode one ``opaque.parameters`` object; returns the config and the fields it set."""
     obj = _mapping(parameters, where)
-    _only(obj, {"apiVersion", "kind", "sharing", "env"}, where)
+    _only(obj, {"apiVersion", "kind", "sharing", "env", "migProfile"}, where)
     if obj.get("apiVersion") != API_VERSION:
         raise InvalidConfig(
             f"{where}.apiVersion: {obj.get('apiVersion')!r} is not supported; use {API_VERSION!r}"
@@ -91,7 +112,22 @@ def decode(parameters: object, where: str) -> tuple[GpuConfig, frozenset[str]]:
                 )
             env[key] = value
         fields.add("env")
-    return GpuConfig(sharing=sharing, env=env), frozenset(fields)
+    mig_profile = None
+    if "migProfile" in obj:
+        mig_profile = obj["migProfile"]
+        if not isinstance(mig_profile, str) or not _MIG_PROFILE.fullmatch(mig_profile):
+            raise InvalidConfig(
+                f"{where}.migProfile: {mig_profile!r} is not a MIG profile name "
+                "(<compute slices>g.<memory>gb, e.g. 3g.20gb or 1g.5gb+me)"
+            )
+        fields.add("migProfile")
+    config = GpuConfig(
+        sharing=sharing,
+        env=env,
+        mig_profile=mig_profile,
+        mig_profile_field=f"{where}.migProfile" if mig_profile else "",
+    )
+    return config, frozenset(fields)
 
 
 def effective_configs(

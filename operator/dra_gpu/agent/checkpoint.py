@@ -18,8 +18,14 @@ File format (version ``v1``)::
      "checksum": "<sha256 hex of the canonical JSON of data>",
      "data": {"claims": [{"uid": ..., "namespace": ..., "name": ...,
                           "devices": [{"request_names": [...], "pool": ..., "device": ...,
-                                       "cdi_device_ids": [...]}],
+                                       "cdi_device_ids": [...],
+                                       "mig_instance": {...}}],        (optional)
                           "cdi_spec": {<CDI spec>} or null}]}}
+
+``mig_instance`` (only for a MIG partition whose instance the agent created): ``{"parent":
+"gpu-0", "profile": "3g.20gb", "start": 4, "gpu_instance": 1, "compute_instance": 0, "uuid":
+"MIG-..."}`` — enough to destroy it at unprepare and to create it again after a reboot. It is
+optional within ``v1``: agents from before it read such a file and ignore the key.
 
 Canonical JSON = keys sorted, no whitespace, ASCII only. The checksum catches a file that is
 complete JSON but not what we wrote (a torn write on a file system without atomic rename, a
@@ -54,6 +60,7 @@ from typing import Any, Final, TypedDict, cast
 
 from dra_gpu.agent import cdi, files
 from dra_gpu.agent.claims import AllocatedDevice
+from dra_gpu.devices import model
 
 CHECKPOINT_VERSION: Final = "v1"
 """The version this agent writes."""
@@ -87,6 +94,8 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: tuple[str, ...]
+    mig_instance: model.MigInstance | None = None
+    """The MIG instance created for this device (a MIG partition), destroyed at unprepare."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +111,38 @@ class PreparedClaim:
     after a reboot makes the recorded ``cdi_device_ids`` resolve again, even if the driver's
     configuration changed in between; None when no spec was needed."""
 
+    def mig_instances(self) -> list[model.MigInstance]:
+        return [d.mig_instance for d in self.devices if d.mig_instance is not None]
+
+    def with_mig_instance(self, device: str, instance: model.MigInstance) -> PreparedClaim:
+        """This claim with ``instance`` as the MIG instance of ``device``: one created again
+        after a reboot, whose MIG device may have another UUID. The spec's environment
+        values that named the old UUID for that device name the new one."""
+        old = next(d.mig_instance for d in self.devices if d.device == device)
+        devices = tuple(
+            dataclasses.replace(d, mig_instance=instance) if d.device == device else d
+            for d in self.devices
+        )
+        spec = self.cdi_spec
+        if spec is not None and old is not None and old.uuid and old.uuid != instance.uuid:
+            name = cdi.cdi_device_name(self.uid, device)
+            spec = {
+                **spec,
+                "devices": [
+                    _with_env_value(d, old.uuid, instance.uuid) if d["name"] == name else d
+                    for d in spec["devices"]
+                ],
+            }
+        return dataclasses.replace(self, devices=devices, cdi_spec=spec)
+
+
+def _with_env_value(device: cdi.CdiDevice, old: str, new: str) -> cdi.CdiDevice:
+    env = []
+    for entry in device["containerEdits"]["env"]:
+        key, _, value = entry.partition("=")
+        env.append(f"{key}={new}" if value == old else entry)
+    return {**device, "containerEdits": {**device["containerEdits"], "env": env}}
+
 
 def record_claim(
     driver: str,
@@ -110,19 +151,23 @@ def record_claim(
     name: str,
     allocated: Iterable[AllocatedDevice],
     spec: cdi.CdiSpec | None,
+    mig_instances: Mapping[str, model.MigInstance] | None = None,
 ) -> PreparedClaim:
     """The record of a claim prepared with ``spec``: one entry for each allocated device that
-    the spec holds, with the CDI device ID that resolves to it there.
+    the spec holds, with the CDI device ID that resolves to it there, and the MIG instance
+    created for it (``mig_instances``, by device name) if any.
 
     Prepare and the rebuild of a corrupt checkpoint (from the API server and the CDI directory)
     both build the record here, so a change of the record is made once."""
     in_spec = {d["name"] for d in spec["devices"]} if spec is not None else set()
+    instances = mig_instances or {}
     devices = tuple(
         PreparedDevice(
             request_names=(a.base_request,),
             pool=a.pool,
             device=a.device,
             cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.device),),
+            mig_instance=instances.get(a.device),
         )
         for a in allocated
         if cdi.cdi_device_name(uid, a.device) in in_spec
@@ -178,11 +223,24 @@ Change = Put | Delete
 # --- JSON bodies --------------------------------------------------------------------------------
 
 
-class DeviceRecord(TypedDict):
+class MigInstanceRecord(TypedDict):
+    parent: str
+    profile: str
+    start: int
+    gpu_instance: int
+    compute_instance: int | None
+    uuid: str
+
+
+class _DeviceRecord(TypedDict):
     request_names: list[str]
     pool: str
     device: str
     cdi_device_ids: list[str]
+
+
+class DeviceRecord(_DeviceRecord, total=False):
+    mig_instance: MigInstanceRecord
 
 
 class ClaimRecord(TypedDict):
@@ -225,17 +283,29 @@ def _claim_record(claim: PreparedClaim) -> ClaimRecord:
         "uid": claim.uid,
         "namespace": claim.namespace,
         "name": claim.name,
-        "devices": [
-            {
-                "request_names": list(device.request_names),
-                "pool": device.pool,
-                "device": device.device,
-                "cdi_device_ids": list(device.cdi_device_ids),
-            }
-            for device in claim.devices
-        ],
+        "devices": [_device_record(device) for device in claim.devices],
         "cdi_spec": claim.cdi_spec,
     }
+
+
+def _device_record(device: PreparedDevice) -> DeviceRecord:
+    record: DeviceRecord = {
+        "request_names": list(device.request_names),
+        "pool": device.pool,
+        "device": device.device,
+        "cdi_device_ids": list(device.cdi_device_ids),
+    }
+    instance = device.mig_instance
+    if instance is not None:
+        record["mig_instance"] = {
+            "parent": instance.placement.parent,
+            "profile": instance.placement.profile,
+            "start": instance.placement.start,
+            "gpu_instance": instance.gpu_instance,
+            "compute_instance": instance.compute_instance,
+            "uuid": instance.uuid,
+        }
+    return record
 
 
 def _checksum(data: object) -> str:
@@ -443,12 +513,36 @@ def _claim(record: dict[str, Any], where: str) -> PreparedClaim:
 
 
 def _device(record: dict[str, Any], where: str) -> PreparedDevice:
+    instance = record.get("mig_instance")
     return PreparedDevice(
         request_names=_strings(_key(record, "request_names", where), f"{where}.request_names"),
         pool=_string(_key(record, "pool", where), f"{where}.pool"),
         device=_string(_key(record, "device", where), f"{where}.device"),
         cdi_device_ids=_strings(_key(record, "cdi_device_ids", where), f"{where}.cdi_device_ids"),
+        mig_instance=None
+        if instance is None
+        else _mig_instance(_object(instance, f"{where}.mig_instance"), f"{where}.mig_instance"),
     )
+
+
+def _mig_instance(record: dict[str, Any], where: str) -> model.MigInstance:
+    compute = _key(record, "compute_instance", where)
+    return model.MigInstance(
+        model.MigPlacement(
+            _string(_key(record, "parent", where), f"{where}.parent"),
+            _string(_key(record, "profile", where), f"{where}.profile"),
+            _int(_key(record, "start", where), f"{where}.start"),
+        ),
+        gpu_instance=_int(_key(record, "gpu_instance", where), f"{where}.gpu_instance"),
+        compute_instance=None if compute is None else _int(compute, f"{where}.compute_instance"),
+        uuid=_string(_key(record, "uuid", where), f"{where}.uuid"),
+    )
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(where, "an integer", value)
+    return value
 
 
 def _cdi_spec(value: object, where: str) -> cdi.CdiSpec:

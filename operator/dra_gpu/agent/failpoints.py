@@ -22,6 +22,7 @@ POINTS = (
     "checkpoint-written",  # prepare or unprepare: the checkpoint change is on disk
     "cdi-spec-deleted",  # unprepare: the spec is gone, the checkpoint entry not yet
     "before-answer",  # prepare: both are on disk, the kubelet has no answer yet
+    "mig-instance-created",  # prepare: a MIG instance exists, nothing records it yet
 )
 
 

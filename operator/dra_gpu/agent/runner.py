@@ -46,6 +46,11 @@ class _Stop(Exception):
     """Raised inside the task group to end it on request."""
 
 
+SIMULATED_HARDWARE_DIR = ".dra-gpu-simulated"
+"""Under the CDI directory (a tmpfs: emptied by a reboot, as MIG instances are by a GPU reset):
+the simulated GPUs' MIG instances. A directory, which CDI runtimes do not read."""
+
+
 def make_backend(settings: AgentSettings) -> model.Backend:
     if settings.backend == "nvml":
         from dra_gpu.devices.nvml import NvmlBackend
@@ -59,6 +64,7 @@ def make_backend(settings: AgentSettings) -> model.Backend:
         settings.node_name,
         faults_file=settings.faults_file,
         xids=settings.xid_policy,
+        hardware_dir=settings.cdi_dir / SIMULATED_HARDWARE_DIR,
     )
     if not backend.node_in_profile:
         log.warning(
@@ -126,6 +132,7 @@ async def _run(
         checkpoint_file=settings.checkpoint_file,
         inventory=publisher.inventory,
         status=status_writer,
+        mig=backend if isinstance(backend, model.MigInstances) else None,
     )
     monitor.claims = lambda: [
         ClaimOnDevice(

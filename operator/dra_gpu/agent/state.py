@@ -24,6 +24,15 @@ the host directories. Only the agent the kubelet calls may write them: one that 
 sockets taken over is ``retire``d (no writes at all, not even the snapshot at stop), and
 ``resume``s from what the other left on disk if its sockets come back.
 
+MIG instances (a backend with ``model.MigInstances``): prepare of a MIG partition creates its
+GPU and compute instance before the spec and the checkpoint entry, and unprepare destroys it
+before the entry goes, so a recorded claim always has its instance. A crash between creation
+and the checkpoint write leaves an instance nothing records: ``recover`` at start destroys
+every instance that no recorded claim holds (before the kubelet's retry prepares the claim
+again, creating it anew), and creates again the recorded ones that are missing (a reboot:
+MIG instances do not survive a GPU reset), rewriting the claim's record and spec if the new
+MIG device has another UUID.
+
 This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
 servicers with ``Prepared`` (not the on-disk record) or ``PrepareFailed`` and never talks gRPC
 itself; ``status.devices`` writes go to a ``StatusSink`` and do not delay the answer to the
@@ -46,7 +55,7 @@ from typing import Any, Protocol
 from dra_gpu import kube, metrics, opaque
 from dra_gpu.agent import cdi, checkpoint, claims, failpoints
 from dra_gpu.agent.claims import ClaimError, ClaimRef
-from dra_gpu.devices import model
+from dra_gpu.devices import mig, model
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +134,10 @@ class DeviceState:
         checkpoint_file: Path,
         inventory: InventorySource,
         status: StatusSink,
+        mig: model.MigInstances | None = None,
     ) -> None:
         self.api = api
+        self._mig = mig
         self.driver = driver
         self.node = node
         self._container_env = container_env
@@ -218,8 +229,9 @@ class DeviceState:
                 journal.close()
 
     async def recover(self) -> list[str]:
-        """Make the CDI directory agree with the checkpoint; returns what it repaired."""
-        repaired: list[str] = []
+        """Make the MIG instances and the CDI directory agree with the checkpoint; returns
+        what it repaired."""
+        repaired = await self._reconcile_mig()
         on_disk = await asyncio.to_thread(cdi.list_claim_specs, self.cdi_dir, self.driver)
         for uid in sorted(set(on_disk) - set(self._checkpoint.claims)):
             await asyncio.to_thread(cdi.delete_claim_spec, self.cdi_dir, self.driver, uid)
@@ -237,6 +249,82 @@ class DeviceState:
                     f"re-wrote damaged CDI spec of claim {claim.namespace}/{claim.name}"
                 )
         return repaired
+
+    async def _reconcile_mig(self) -> list[str]:
+        """Destroy the MIG instances no recorded claim holds; create the recorded ones that
+        are missing. A failure is reported and the rest goes on: the agent must start."""
+        if self._mig is None:
+            return []
+        present = {i.placement: i for i in await self._mig.mig_instances()}
+        repaired = await self._adopt_mig_instances(present)
+        recorded = {
+            d.mig_instance.placement: (claim, d.device, d.mig_instance)
+            for claim in self._checkpoint.claims.values()
+            for d in claim.devices
+            if d.mig_instance is not None
+        }
+        for placement, instance in sorted(present.items()):
+            if placement in recorded:
+                continue
+            try:
+                await self._mig.destroy_mig_instance(instance)
+            except Exception as exc:
+                repaired.append(f"could not destroy MIG instance {instance}: {exc}")
+                continue
+            repaired.append(f"destroyed MIG instance {instance}: no prepared claim holds it")
+        for placement, (claim, device, was) in sorted(recorded.items()):
+            now = present.get(placement)
+            what = f"MIG instance {placement} of claim {claim.namespace}/{claim.name}"
+            if now is None:
+                try:
+                    now = await self._mig.create_mig_instance(placement)
+                except Exception as exc:
+                    repaired.append(f"could not create {what} again: {exc}")
+                    continue
+                repaired.append(f"created {what} again (lost in a reboot?)")
+            if now != was:
+                current = self._checkpoint.claims[claim.uid]
+                await self._commit(checkpoint.Put(current.with_mig_instance(device, now)))
+        return repaired
+
+    async def _adopt_mig_instances(
+        self, present: Mapping[model.MigPlacement, model.MigInstance]
+    ) -> list[str]:
+        """Record the instance of a partition that a claim holds but whose record does not
+        say so: a checkpoint rebuilt from the API server and the CDI specs after it was
+        corrupt. Only where exactly one recorded claim holds that partition."""
+        held = {
+            d.mig_instance.placement
+            for c in self._checkpoint.claims.values()
+            for d in c.devices
+            if d.mig_instance is not None
+        }
+        bare = [
+            (c, d.device)
+            for c in self._checkpoint.claims.values()
+            for d in c.devices
+            if d.mig_instance is None and d.pool == self.node
+        ]
+        if not bare or not set(present) - held:
+            return []
+        devices = (await self._inventory(False)).by_name()
+        holders: dict[model.MigPlacement, list[tuple[checkpoint.PreparedClaim, str]]] = {}
+        for claim, name in bare:
+            placement = mig.placement_of(devices[name]) if name in devices else None
+            if placement is not None:
+                holders.setdefault(placement, []).append((claim, name))
+        adopted: list[str] = []
+        for placement, found in sorted(holders.items()):
+            if placement in held or placement not in present or len(found) != 1:
+                continue
+            ((claim, name),) = found
+            current = self._checkpoint.claims[claim.uid]
+            await self._commit(checkpoint.Put(current.with_mig_instance(name, present[placement])))
+            adopted.append(
+                f"recorded MIG instance {present[placement]} of claim "
+                f"{claim.namespace}/{claim.name}"
+            )
+        return adopted
 
     async def release_stale(self) -> list[str]:
         """Unprepare recorded claims that no longer need what was prepared (see
@@ -309,26 +397,112 @@ class DeviceState:
         except opaque.InvalidConfig as exc:
             raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
         devices = await self._inventory_devices(ref, allocated)
-        spec_devices: list[tuple[str, dict[str, str]]] = []
-        for position, alloc in enumerate(allocated):
-            device = devices[alloc.device]
-            env = {
-                **self._container_env(position, device),
-                **configs[alloc.request].container_env(),
-                **claims.admin_access_env(alloc),
-            }
-            spec_devices.append((alloc.device, env))
-        spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
-        record = checkpoint.record_claim(
-            self.driver, ref.uid, ref.namespace, ref.name, allocated, spec
-        )
-        write_spec = None
-        if spec is not None:
-            write_spec = functools.partial(self._write_spec_blocking, ref.uid, spec)
-        await self._commit(checkpoint.Put(record), write_spec)
+        placements = self._mig_placements(ref, allocated, devices, configs)
+        instances = await self._create_instances(ref, placements)
+        try:
+            for name, instance in instances.items():
+                # What the container sees is the MIG device that exists now.
+                devices[name] = dataclasses.replace(devices[name], uuid=instance.uuid)
+            spec_devices: list[tuple[str, dict[str, str]]] = []
+            for position, alloc in enumerate(allocated):
+                device = devices[alloc.device]
+                env = {
+                    **self._container_env(position, device),
+                    **configs[alloc.request].container_env(),
+                    **claims.admin_access_env(alloc),
+                }
+                spec_devices.append((alloc.device, env))
+            spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
+            record = checkpoint.record_claim(
+                self.driver, ref.uid, ref.namespace, ref.name, allocated, spec, instances
+            )
+            write_spec = None
+            if spec is not None:
+                write_spec = functools.partial(self._write_spec_blocking, ref.uid, spec)
+            await self._commit(checkpoint.Put(record), write_spec)
+        except Exception:
+            await self._destroy_instances(ref, list(instances.values()), strict=False)
+            raise
         failpoints.reach("before-answer")
         self._set_entries(ref, self._status_entries(allocated, devices))
         return record
+
+    def _mig_placements(
+        self,
+        ref: ClaimRef,
+        allocated: Sequence[claims.AllocatedDevice],
+        devices: Mapping[str, model.Device],
+        configs: Mapping[str, opaque.GpuConfig],
+    ) -> dict[str, model.MigPlacement]:
+        """The MIG placement of each allocated partition (by device name) whose instance this
+        claim creates; checks ``migProfile``. Admin access creates nothing: it is a view of
+        what others hold."""
+        placements: dict[str, model.MigPlacement] = {}
+        for alloc in allocated:
+            placement = mig.placement_of(devices[alloc.device])
+            why = configs[alloc.request].check_mig_profile(
+                alloc.device, placement.profile if placement else None
+            )
+            if why is not None:
+                raise ClaimError(f"ResourceClaim {ref}: request {alloc.request}: {why}")
+            if placement is None or alloc.admin_access:
+                continue
+            if self._mig is None:
+                raise ClaimError(
+                    f"ResourceClaim {ref}: {alloc.device} is a MIG partition, and this "
+                    "node's backend cannot create MIG instances"
+                )
+            placements[alloc.device] = placement
+        return placements
+
+    async def _create_instances(
+        self, ref: ClaimRef, placements: Mapping[str, model.MigPlacement]
+    ) -> dict[str, model.MigInstance]:
+        """The MIG instance of each placement, created now; all or none."""
+        created: dict[str, model.MigInstance] = {}
+        if not placements:
+            return created
+        assert self._mig is not None  # checked by _mig_placements
+        held = {
+            i.placement: c
+            for c in self._checkpoint.claims.values()
+            for i in c.mig_instances()
+            if c.uid != ref.uid
+        }
+        for placement in placements.values():
+            if placement in held:  # the scheduler's counters never allow it; never share one
+                other = held[placement]
+                raise ClaimError(
+                    f"ResourceClaim {ref}: MIG placement {placement} is held by claim "
+                    f"{other.namespace}/{other.name}, prepared on this node"
+                )
+        try:
+            for device, placement in placements.items():
+                created[device] = await self._mig.create_mig_instance(placement)
+                log.info("claim %s: created MIG instance %s", ref, created[device])
+        except Exception as exc:
+            await self._destroy_instances(ref, list(created.values()), strict=False)
+            raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
+        failpoints.reach("mig-instance-created")
+        return created
+
+    async def _destroy_instances(
+        self, ref: ClaimRef, instances: Sequence[model.MigInstance], *, strict: bool
+    ) -> None:
+        """Destroy ``instances``; with ``strict``, a failure is the claim's error (the kubelet
+        retries unprepare), else it is logged (the next start's reconciliation retries)."""
+        for instance in instances:
+            assert self._mig is not None
+            try:
+                await self._mig.destroy_mig_instance(instance)
+            except Exception as exc:
+                if strict:
+                    raise ClaimError(
+                        f"ResourceClaim {ref}: cannot destroy MIG instance {instance}: {exc}"
+                    ) from None
+                log.error("claim %s: cannot destroy MIG instance %s: %s", ref, instance, exc)
+            else:
+                log.info("claim %s: destroyed MIG instance %s", ref, instance)
 
     async def _read_claim(self, ref: ClaimRef) -> kube.Body:
         try:
@@ -425,10 +599,14 @@ class DeviceState:
     async def _unprepare(self, ref: ClaimRef) -> None:
         self._check_not_retired(ref)
         delete_spec = functools.partial(self._delete_spec_blocking, ref.uid)
-        if ref.uid not in self._checkpoint.claims:
+        recorded = self._checkpoint.claims.get(ref.uid)
+        if recorded is None:
             # The spec goes even for an unrecorded claim: it may be a leak of a crashed prepare.
             await asyncio.to_thread(delete_spec)
             return
+        # Before the entry goes: a crash in between leaves a record whose instance is gone,
+        # which recovery creates again and the kubelet's retry destroys; never a leak.
+        await self._destroy_instances(ref, recorded.mig_instances(), strict=True)
         await self._commit(checkpoint.Delete(ref.uid), delete_spec)
         self._set_entries(ref, [])
 

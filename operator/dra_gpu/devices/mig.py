@@ -22,8 +22,9 @@ Pure: no NVML, no I/O. Backends build the whole-GPU device; this module adds the
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from dra_gpu.devices import model
 
@@ -49,11 +50,21 @@ class MigProfile:
     starts: tuple[int, ...]
     """First memory slice of each placement (``nvidia-smi mig -lgipp``)."""
     media_extensions: bool = False
+    memory_mib: int | None = None
+    """The memory NVML reports for the profile, when read from NVML (a little less than the
+    name says); None: the nominal ``memory_gib``."""
 
     @property
     def device_suffix(self) -> str:
         """The profile in a DNS label: ``3g.20gb`` -> ``3g-20gb``, ``1g.5gb+me``: ``1g-5gb-me``."""
-        return self.name.replace(".", "-").replace("+", "-")
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+    @property
+    def memory(self) -> str:
+        """The published ``memory`` capacity of a partition of this profile."""
+        if self.memory_mib is not None:
+            return model.format_bytes(self.memory_mib * 2**20)
+        return f"{self.memory_gib}Gi"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +195,7 @@ def _partition(
         name=partition_name(gpu, placement),
         uuid=partition_uuid(gpu, placement),
         attributes=attributes,
-        capacity={"memory": f"{profile.memory_gib}Gi"},
+        capacity={"memory": profile.memory},
         consumes={counter_set: placement.counters()},
         partition_of=gpu.name,
         healthy=gpu.healthy,
@@ -206,3 +217,50 @@ def partition_inventory(
         sets.append(counter_set)
         out.extend(parts)
     return model.Inventory(node, tuple(out), tuple(sets))
+
+
+def placement_of(device: model.Device) -> model.MigPlacement | None:
+    """The MIG placement a partition device stands for (from its attributes); None for a
+    device that is no MIG partition."""
+    profile = device.attributes.get("profile")
+    start = device.attributes.get("placementStart")
+    if device.partition_of is None or not isinstance(profile, model.StringValue):
+        return None
+    if not isinstance(start, model.IntValue):
+        return None
+    return model.MigPlacement(device.partition_of, profile.value, start.value)
+
+
+def placement_in(table: MigTable, placement: model.MigPlacement) -> Placement:
+    """``placement`` as ``table`` has it; InventoryError if the GPU model has no such one."""
+    for profile in table.profiles:
+        if profile.name == placement.profile:
+            if placement.start not in profile.starts:
+                starts = ", ".join(map(str, profile.starts))
+                raise model.InventoryError(
+                    f"{placement.parent}: profile {profile.name} of {table.model} starts at "
+                    f"memory slice {starts}, not {placement.start}"
+                )
+            return Placement(profile, placement.start)
+    known = ", ".join(p.name for p in table.profiles)
+    raise model.InventoryError(
+        f"{placement.parent}: {table.model} has no MIG profile {placement.profile} ({known})"
+    )
+
+
+def conflict(new: Placement, existing: Iterable[Placement]) -> str | None:
+    """Why ``new`` cannot be created beside ``existing`` on one GPU (as the hardware refuses:
+    a memory slice taken twice, more compute slices or media engines than the GPU has), or
+    None if it fits. The scheduler's counters keep allocations within this; the backends
+    check again, so a bug anywhere shows as a refusal and never as an over-committed GPU."""
+    held = list(existing)
+    taken = {i for p in held for i in p.memory_slices}
+    overlap = sorted(taken.intersection(new.memory_slices))
+    if overlap:
+        return f"memory slice(s) {', '.join(map(str, overlap))} are taken"
+    compute = sum(p.profile.compute_slices for p in held) + new.profile.compute_slices
+    if compute > COMPUTE_SLICES:
+        return f"{compute} compute slices would be in use, the GPU has {COMPUTE_SLICES}"
+    if new.profile.media_extensions and any(p.profile.media_extensions for p in held):
+        return "the media extensions are taken"
+    return None

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from dra_gpu import quantities, semvers
 from dra_gpu.devices.health import Fault, Taint
@@ -381,6 +381,62 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class MigPlacement:
+    """Where a MIG GPU instance goes: a GPU (its whole-GPU device name), a MIG profile as
+    NVIDIA spells it, and the first memory slice it occupies. What a partition device stands
+    for (``mig.placement_of``), and what is created when one is prepared."""
+
+    parent: str
+    profile: str
+    start: int
+
+    def __str__(self) -> str:
+        return f"{self.parent} {self.profile} at memory slice {self.start}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MigInstance:
+    """A MIG GPU instance and the compute instance in it, as they exist on a GPU."""
+
+    placement: MigPlacement
+    gpu_instance: int
+    """The GPU instance's id on its GPU (NVML's GI id)."""
+    compute_instance: int | None
+    """The compute instance's id in it; None for a GPU instance without one (left half made)."""
+    uuid: str
+    """``MIG-<uuid>`` of the MIG device (what ``NVIDIA_VISIBLE_DEVICES`` names); empty without
+    a compute instance."""
+
+    def __str__(self) -> str:
+        return f"{self.placement} (GPU instance {self.gpu_instance}, {self.uuid or 'no CI'})"
+
+
+@runtime_checkable
+class MigInstances(Protocol):
+    """An optional backend capability: MIG instances made and unmade on the node's GPUs.
+
+    A backend that publishes MIG partitions has it; the agent asks ``isinstance(backend,
+    MigInstances)`` and knows no backend by name. The agent owns the MIG instances of every GPU
+    it publishes partitioned: one per prepared partition, and no other. All three methods block
+    nothing on the event loop and raise ``InventoryError`` naming the GPU and what failed.
+    """
+
+    async def mig_instances(self) -> tuple[MigInstance, ...]:
+        """Every MIG instance on the node's partitioned GPUs now."""
+        ...
+
+    async def create_mig_instance(self, placement: MigPlacement) -> MigInstance:
+        """Create the GPU instance of ``placement`` and a compute instance spanning it. If one
+        exists at exactly that placement already, it is returned as it is (a retried call)."""
+        ...
+
+    async def destroy_mig_instance(self, instance: MigInstance) -> None:
+        """Destroy the compute instance, then the GPU instance; one that is gone already (a
+        reboot, a retried call) is not an error."""
+        ...
 
 
 def gpu_device(

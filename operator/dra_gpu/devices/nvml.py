@@ -12,12 +12,21 @@ event set for critical XIDs and double-bit ECC errors on every GPU (what each GP
 queues them as ``health.Fault``s, classified by the XID policy; ``faults()`` drains that queue and
 polls what has no event: a GPU that answers ``GPU_IS_LOST`` is a ``lost`` fault for as long as it
 does. The thread wakes at least once a second, so ``aclose()`` ends it before shutting NVML down.
+
+MIG: a GPU whose current MIG mode is on is published partitioned (``devices.mig``): its GPU
+instance profiles and their possible placements are read from NVML
+(``nvmlDeviceGetGpuInstanceProfileInfo``, ``nvmlDeviceGetGpuInstancePossiblePlacements``), each
+partition's memory as NVML reports it. The backend has the ``model.MigInstances`` capability:
+it creates a GPU instance at a placement with one compute instance spanning it, names it by its
+MIG device's UUID, lists the GPU instances of every profile, and destroys them. The agent owns
+the MIG configuration of GPUs in MIG mode: instances it did not create are destroyed at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import importlib
 import logging
 import re
@@ -26,7 +35,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
-from dra_gpu.devices import health, model
+from dra_gpu.devices import health, mig, model
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
@@ -70,6 +79,13 @@ _ARCHITECTURES = {
     10: "Blackwell",
     13: "Rubin",
 }
+# nvmlComputeInstanceProfile (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE) by compute slices: the
+# compute instance that spans a GPU instance of that many slices. ABI values from nvml.h.
+_COMPUTE_PROFILE_OF_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+_MAX_LISTED = 32
+"""Room for the placements of one profile, or its GPU instances (a GPU has 8 memory slices)."""
+_GONE = ("NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT")
+"""Answers meaning "no such instance" to a lookup by id."""
 _BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 
@@ -111,6 +127,51 @@ class NvmlApi(Protocol):
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any: ...
     def nvmlEventSetFree(self, eventSet: Any) -> None: ...
+
+    # MIG (nvml.h: GPU instances, compute instances, MIG device handles).
+    @property
+    def NVML_ERROR_NOT_FOUND(self) -> int: ...
+    @property
+    def NVML_ERROR_INVALID_ARGUMENT(self) -> int: ...
+    @property
+    def NVML_DEVICE_MIG_ENABLE(self) -> int: ...
+    @property
+    def NVML_GPU_INSTANCE_PROFILE_COUNT(self) -> int: ...
+    @property
+    def NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED(self) -> int: ...
+    @property
+    def c_nvmlGpuInstancePlacement_t(self) -> type[Any]: ...
+    @property
+    def c_nvmlGpuInstance_t(self) -> type[Any]: ...
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: Any, profile: int, version: int = 2
+    ) -> Any: ...
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: Any, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int: ...
+    def nvmlDeviceGetGpuInstances(
+        self, device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any
+    ) -> int: ...
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: Any, profileId: int, placement: Any
+    ) -> Any: ...
+    def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any: ...
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> Any: ...
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: Any, profile: int, engProfile: int, version: int = 2
+    ) -> Any: ...
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any: ...
+    def nvmlGpuInstanceGetComputeInstanceById(
+        self, gpuInstance: Any, computeInstanceId: int
+    ) -> Any: ...
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> Any: ...
+    def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> None: ...
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> None: ...
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any: ...
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int: ...
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int: ...
 
 
 class NvmlBackend:
@@ -167,9 +228,7 @@ class NvmlBackend:
         nvml = self._nvml
         lost: list[health.Fault] = []
         with self._lock:
-            if not self._initialised:
-                self._call("nvmlInit", None, nvml.nvmlInit)
-                self._initialised = True
+            self._init_locked()
             if self._watcher is None or not self._watcher.is_alive():
                 self._stop_watching.clear()
                 self._watcher = threading.Thread(
@@ -257,12 +316,16 @@ class NvmlBackend:
                 self._initialised = False
                 self._call("nvmlShutdown", None, self._nvml.nvmlShutdown)
 
+    def _init_locked(self) -> None:
+        if not self._initialised:
+            self._call("nvmlInit", None, self._nvml.nvmlInit)
+            self._initialised = True
+
     def _read_blocking(self) -> model.Inventory:
         nvml = self._nvml
+        tables: dict[str, mig.MigTable] = {}
         with self._lock:
-            if not self._initialised:
-                self._call("nvmlInit", None, nvml.nvmlInit)
-                self._initialised = True
+            self._init_locked()
             driver = _text(
                 self._call("nvmlSystemGetDriverVersion", None, nvml.nvmlSystemGetDriverVersion)
             )
@@ -270,10 +333,15 @@ class NvmlBackend:
                 "nvmlSystemGetCudaDriverVersion_v2", None, nvml.nvmlSystemGetCudaDriverVersion_v2
             )
             count = self._call("nvmlDeviceGetCount", None, nvml.nvmlDeviceGetCount)
-            devices = tuple(self._read_gpu(index, driver, cuda) for index in range(count))
-        return model.Inventory(node=self.node, devices=devices)
+            devices = tuple(self._read_gpu(index, driver, cuda, tables) for index in range(count))
+        try:
+            return mig.partition_inventory(self.node, devices, tables)
+        except model.InventoryError as err:
+            raise model.InventoryError(f"node {self.node}: MIG partitions: {err}") from None
 
-    def _read_gpu(self, index: int, driver: str, cuda: int | None) -> model.Device:
+    def _read_gpu(
+        self, index: int, driver: str, cuda: int | None, tables: dict[str, mig.MigTable]
+    ) -> model.Device:
         nvml = self._nvml
         handle = self._call(
             "nvmlDeviceGetHandleByIndex", index, nvml.nvmlDeviceGetHandleByIndex, index
@@ -294,7 +362,14 @@ class NvmlBackend:
         bus_id = _text(call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo).busId)
         memory_bytes = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo).total
         # MIG mode is "not supported" on GPUs without MIG: that is the answer "not capable".
-        mig = self._optional("nvmlDeviceGetMigMode", index, nvml.nvmlDeviceGetMigMode, handle)
+        mig_mode = self._optional("nvmlDeviceGetMigMode", index, nvml.nvmlDeviceGetMigMode, handle)
+        if mig_mode is not None and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+            profiles = self._mig_profiles(index, handle)
+            tables[f"gpu-{index}"] = mig.MigTable(
+                product_name,
+                memory_bytes // 2**30,
+                tuple(profile for _, profile in profiles.values()),
+            )
         try:
             return model.gpu_device(
                 index=index,
@@ -306,12 +381,218 @@ class NvmlBackend:
                 cuda_compute_capability=f"{major}.{minor}",
                 driver_version=driver,
                 cuda_driver_version=None if cuda is None else cuda_version(cuda),
-                mig_capable=mig is not None,
+                mig_capable=mig_mode is not None,
                 pci_bus_id=pci_bus_id(bus_id),
             )
         except model.InventoryError as err:
             # NVML answered, but with something the API cannot take (a version we cannot read).
             raise model.InventoryError(f"node {self.node}: GPU {index}: {err}") from None
+
+    # ---- MIG (model.MigInstances) ------------------------------------------------------
+
+    async def mig_instances(self) -> tuple[model.MigInstance, ...]:
+        return await asyncio.to_thread(self._mig_instances_blocking)
+
+    async def create_mig_instance(self, placement: model.MigPlacement) -> model.MigInstance:
+        return await asyncio.to_thread(self._create_blocking, placement)
+
+    async def destroy_mig_instance(self, instance: model.MigInstance) -> None:
+        await asyncio.to_thread(self._destroy_blocking, instance)
+
+    def _mig_profiles(self, index: int, handle: Any) -> dict[str, tuple[int, mig.MigProfile]]:
+        """The GPU instance profiles of a GPU in MIG mode, by name: NVML's profile id and the
+        profile with its possible placements."""
+        nvml = self._nvml
+        found: dict[str, tuple[int, mig.MigProfile]] = {}
+        for profile_id in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_id)
+            except nvml.NVMLError as err:
+                if _code(err) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                    continue  # a profile this GPU does not have
+                raise self._error("nvmlDeviceGetGpuInstanceProfileInfo", index, err) from err
+            if info.instanceCount == 0:
+                continue
+            placements = (nvml.c_nvmlGpuInstancePlacement_t * _MAX_LISTED)()
+            count = ctypes.c_uint(0)
+            self._nv(
+                "nvmlDeviceGetGpuInstancePossiblePlacements",
+                index,
+                handle,
+                info.id,
+                placements,
+                ctypes.byref(count),
+            )
+            if count.value == 0:
+                continue
+            name = _text(info.name).removeprefix("MIG ").strip()
+            found[name] = (
+                info.id,
+                mig.MigProfile(
+                    name,
+                    memory_gib=-(-info.memorySizeMB // 1024),
+                    memory_slices=placements[0].size,
+                    compute_slices=info.sliceCount,
+                    starts=tuple(placements[i].start for i in range(count.value)),
+                    media_extensions="+me" in name,
+                    memory_mib=info.memorySizeMB,
+                ),
+            )
+        return found
+
+    def _mig_gpu(self, parent: str) -> tuple[int, Any]:
+        index_text = parent.removeprefix("gpu-")
+        if not index_text.isdigit():
+            raise model.InventoryError(f"node {self.node}: {parent} is not an NVML GPU name")
+        index = int(index_text)
+        return index, self._nv("nvmlDeviceGetHandleByIndex", index, index)
+
+    def _mig_devices(self, index: int, handle: Any) -> dict[tuple[int, int], str]:
+        """(GPU instance id, compute instance id) -> MIG device UUID, for every MIG device."""
+        nvml = self._nvml
+        found: dict[tuple[int, int], str] = {}
+        most = self._nv("nvmlDeviceGetMaxMigDeviceCount", index, handle)
+        for slot in range(most):
+            try:
+                device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nvml.NVMLError as err:
+                if _code(err) in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise self._error("nvmlDeviceGetMigDeviceHandleByIndex", index, err) from err
+            ids = (
+                self._nv("nvmlDeviceGetGpuInstanceId", index, device),
+                self._nv("nvmlDeviceGetComputeInstanceId", index, device),
+            )
+            found[ids] = _text(self._nv("nvmlDeviceGetUUID", index, device))
+        return found
+
+    def _instances_of(self, index: int, handle: Any) -> list[model.MigInstance]:
+        nvml = self._nvml
+        mig_devices = self._mig_devices(index, handle)
+        instances: list[model.MigInstance] = []
+        for name, (profile_id, _) in self._mig_profiles(index, handle).items():
+            handles = (nvml.c_nvmlGpuInstance_t * _MAX_LISTED)()
+            count = ctypes.c_uint(0)
+            self._nv(
+                "nvmlDeviceGetGpuInstances",
+                index,
+                handle,
+                profile_id,
+                handles,
+                ctypes.byref(count),
+            )
+            for k in range(count.value):
+                info = self._nv("nvmlGpuInstanceGetInfo", index, handles[k])
+                computes = sorted((c, u) for (g, c), u in mig_devices.items() if g == info.id)
+                compute, uuid = computes[0] if computes else (None, "")
+                placement = model.MigPlacement(f"gpu-{index}", name, info.placement.start)
+                instances.append(model.MigInstance(placement, info.id, compute, uuid))
+        return instances
+
+    def _mig_instances_blocking(self) -> tuple[model.MigInstance, ...]:
+        nvml = self._nvml
+        found: list[model.MigInstance] = []
+        with self._lock:
+            self._init_locked()
+            for index in range(self._call("nvmlDeviceGetCount", None, nvml.nvmlDeviceGetCount)):
+                handle = self._nv("nvmlDeviceGetHandleByIndex", index, index)
+                mode = self._optional(
+                    "nvmlDeviceGetMigMode", index, nvml.nvmlDeviceGetMigMode, handle
+                )
+                if mode is not None and mode[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+                    found.extend(self._instances_of(index, handle))
+        return tuple(found)
+
+    def _create_blocking(self, placement: model.MigPlacement) -> model.MigInstance:
+        nvml = self._nvml
+        with self._lock:
+            self._init_locked()
+            index, handle = self._mig_gpu(placement.parent)
+            for existing in self._instances_of(index, handle):
+                if existing.placement == placement and existing.compute_instance is not None:
+                    return existing  # a retried call
+                if existing.placement == placement:  # half made: start again
+                    self._destroy_locked(existing)
+            profiles = self._mig_profiles(index, handle)
+            if placement.profile not in profiles:
+                raise model.InventoryError(
+                    f"{self._where(index)}: no MIG profile {placement.profile} "
+                    f"(it has {', '.join(sorted(profiles)) or 'none: is MIG mode on?'})"
+                )
+            profile_id, profile = profiles[placement.profile]
+            where = nvml.c_nvmlGpuInstancePlacement_t()
+            where.start = placement.start
+            where.size = profile.memory_slices
+            gpu_instance = self._nv(
+                "nvmlDeviceCreateGpuInstanceWithPlacement",
+                index,
+                handle,
+                profile_id,
+                ctypes.byref(where),
+            )
+            try:
+                compute_profile = self._nv(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    index,
+                    gpu_instance,
+                    _COMPUTE_PROFILE_OF_SLICES[profile.compute_slices],
+                    nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
+                compute = self._nv(
+                    "nvmlGpuInstanceCreateComputeInstance",
+                    index,
+                    gpu_instance,
+                    compute_profile.id,
+                )
+            except Exception:
+                self._nv("nvmlGpuInstanceDestroy", index, gpu_instance)
+                raise
+            gi = self._nv("nvmlGpuInstanceGetInfo", index, gpu_instance)
+            ci = self._nv("nvmlComputeInstanceGetInfo", index, compute)
+            uuid = self._mig_devices(index, handle).get((gi.id, ci.id))
+            if uuid is None:
+                raise model.InventoryError(
+                    f"{self._where(index)}: the MIG device of GPU instance {gi.id}, compute "
+                    f"instance {ci.id} did not appear"
+                )
+            return model.MigInstance(placement, gi.id, ci.id, uuid)
+
+    def _destroy_blocking(self, instance: model.MigInstance) -> None:
+        with self._lock:
+            self._init_locked()
+            self._destroy_locked(instance)
+
+    def _destroy_locked(self, instance: model.MigInstance) -> None:
+        nvml = self._nvml
+        index, handle = self._mig_gpu(instance.placement.parent)
+        gone = tuple(getattr(nvml, name) for name in _GONE)
+        try:
+            gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(handle, instance.gpu_instance)
+        except nvml.NVMLError as err:
+            if _code(err) in gone:
+                return
+            raise self._error("nvmlDeviceGetGpuInstanceById", index, err) from err
+        info = self._nv("nvmlGpuInstanceGetInfo", index, gpu_instance)
+        if info.placement.start != instance.placement.start:
+            return  # the id was given to another instance since: ours is gone
+        if instance.compute_instance is not None:
+            try:
+                compute = nvml.nvmlGpuInstanceGetComputeInstanceById(
+                    gpu_instance, instance.compute_instance
+                )
+            except nvml.NVMLError as err:
+                if _code(err) not in gone:
+                    raise self._error("nvmlGpuInstanceGetComputeInstanceById", index, err) from err
+            else:
+                self._nv("nvmlComputeInstanceDestroy", index, compute)
+        self._nv("nvmlGpuInstanceDestroy", index, gpu_instance)
+
+    def _nv(self, name: str, index: int | None, *args: Any) -> Any:
+        """NVML's function ``name`` called with ``args``; an error names the call and GPU."""
+        return self._call(name, index, getattr(self._nvml, name), *args)
+
+    def _error(self, name: str, index: int | None, err: Exception) -> model.InventoryError:
+        return model.InventoryError(f"{self._where(index)}: NVML {name} failed: {err}")
 
     def _call(self, name: str, index: int | None, fn: Callable[..., _T], *args: Any) -> _T:
         try:
@@ -332,6 +613,11 @@ class NvmlBackend:
 
     def _where(self, index: int | None) -> str:
         return f"node {self.node}" if index is None else f"node {self.node}: GPU {index}"
+
+
+def _code(err: Exception) -> int | None:
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
 
 
 def cuda_version(encoded: int) -> str:

@@ -25,22 +25,34 @@ derived from node and device name, so a restarted agent publishes the same ones.
 ``mig: A100-40GB`` or ``mig: H100-80GB`` publishes the GPU MIG-partitioned (``devices.mig``):
 the whole GPU and every MIG placement of that model, consuming the GPU's counters. Such a GPU
 is ``migCapable``, and its ``memory`` must be the model's (40Gi, 80Gi).
+
+Simulated MIG instances (``model.MigInstances``): the GPU instances that exist now are the
+"hardware" state of the simulated GPUs, kept in ``<hardware dir>/<node>-mig-instances.json``.
+The agent gives a directory on the node's tmpfs (beside its CDI specs), so the table survives
+an agent crash but not a reboot, as MIG instances do not survive a GPU reset. Creating one
+checks what the hardware would (a placement of the GPU's model, no memory slice taken twice,
+at most 7 compute slices, one media extension); its ``MIG-<uuid>`` is the partition device's.
+Without a directory the table is kept in memory (tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
 import re
+import threading
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from dra_gpu.devices import health, mig, model
 
+_R = TypeVar("_R")
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.dra-gpu.io")
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 MAX_COUNT = 1024  # a typo like "count: 100000" should fail, not allocate a million objects
@@ -87,12 +99,17 @@ class SimulatedBackend:
         *,
         faults_file: Path | None = None,
         xids: health.XidPolicy | None = None,
+        hardware_dir: Path | None = None,
     ) -> None:
         self.node = node
         self._path = profile if isinstance(profile, Path) else None
         self._profile = load_profile(profile) if isinstance(profile, Path) else profile
         self.faults_file = faults_file
         self.xids = xids or health.XidPolicy()
+        self.hardware_dir = hardware_dir
+        """Where the simulated GPUs' MIG instances are kept (a tmpfs: gone after a reboot)."""
+        self._instances: list[model.MigInstance] = []  # without a hardware_dir
+        self._hardware_lock = threading.Lock()
 
     @property
     def node_in_profile(self) -> bool:
@@ -107,8 +124,79 @@ class SimulatedBackend:
     def container_env(self, position: int, device: model.Device) -> dict[str, str]:
         """``GPU_DEVICE_<position>=<device>``: one variable per device, so a container given
         several devices sees all of them; the tutorial's workloads print these to show which
-        GPU they got."""
-        return {f"GPU_DEVICE_{position}": device.name}
+        GPU they got. A MIG partition also names its MIG device, as ``NVIDIA_VISIBLE_DEVICES``
+        would: ``GPU_DEVICE_<position>_MIG=MIG-<uuid>``."""
+        env = {f"GPU_DEVICE_{position}": device.name}
+        if device.partition_of is not None:
+            env[f"GPU_DEVICE_{position}_MIG"] = device.uuid
+        return env
+
+    # ---- MIG instances (model.MigInstances) ------------------------------------------------
+
+    @property
+    def instances_file(self) -> Path | None:
+        if self.hardware_dir is None:
+            return None
+        return self.hardware_dir / f"{self.node}-mig-instances.json"
+
+    async def mig_instances(self) -> tuple[model.MigInstance, ...]:
+        return await asyncio.to_thread(self._locked, lambda table: tuple(table))
+
+    async def create_mig_instance(self, placement: model.MigPlacement) -> model.MigInstance:
+        return await asyncio.to_thread(self._locked, lambda t: self._create(t, placement))
+
+    async def destroy_mig_instance(self, instance: model.MigInstance) -> None:
+        def destroy(table: list[model.MigInstance]) -> None:
+            table[:] = [
+                i
+                for i in table
+                if (i.placement, i.gpu_instance) != (instance.placement, instance.gpu_instance)
+            ]
+
+        await asyncio.to_thread(self._locked, destroy)
+
+    def _create(
+        self, table: list[model.MigInstance], placement: model.MigPlacement
+    ) -> model.MigInstance:
+        for existing in table:
+            if existing.placement == placement:
+                return existing
+        gpus = {d.name: d for d in self._profile.nodes.get(self.node, ())}
+        mig_table = self._profile.mig.get(self.node, {}).get(placement.parent)
+        gpu = gpus.get(placement.parent)
+        if gpu is None or mig_table is None:
+            raise model.InventoryError(
+                f"node {self.node}: {placement.parent} is not a MIG-partitioned GPU here"
+            )
+        wanted = mig.placement_in(mig_table, placement)
+        on_gpu = [i for i in table if i.placement.parent == placement.parent]
+        held = [mig.placement_in(mig_table, i.placement) for i in on_gpu]
+        why = mig.conflict(wanted, held)
+        if why is not None:
+            raise model.InventoryError(
+                f"node {self.node}: cannot create a MIG instance for {placement}: {why}"
+            )
+        ids = {i.gpu_instance for i in on_gpu}
+        created = model.MigInstance(
+            placement,
+            gpu_instance=min(set(range(1, len(ids) + 2)) - ids),
+            compute_instance=0,
+            uuid=mig.partition_uuid(gpu, wanted),
+        )
+        table.append(created)
+        return created
+
+    def _locked(self, change: Callable[[list[model.MigInstance]], _R]) -> _R:
+        """(In a thread.) ``change`` applied to the instance table, which is saved if it
+        changed."""
+        with self._hardware_lock:
+            path = self.instances_file
+            table = self._instances if path is None else _read_instances(path)
+            before = list(table)
+            result = change(table)
+            if path is not None and table != before:
+                _write_instances(path, table)
+            return result
 
     async def faults(self) -> tuple[health.Fault, ...]:
         """What the faults file lists now (nothing without one); a bad file raises
@@ -119,6 +207,47 @@ class SimulatedBackend:
 
     async def aclose(self) -> None:
         return None
+
+
+def _read_instances(path: Path) -> list[model.MigInstance]:
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as err:
+        raise model.InventoryError(f"simulated MIG instances {path}: unreadable: {err}") from None
+    try:
+        return [
+            model.MigInstance(
+                model.MigPlacement(i["parent"], i["profile"], i["start"]),
+                i["gpuInstance"],
+                i["computeInstance"],
+                i["uuid"],
+            )
+            for i in items
+        ]
+    except (KeyError, TypeError) as err:
+        raise model.InventoryError(f"simulated MIG instances {path}: bad entry: {err}") from None
+
+
+def _write_instances(path: Path, table: list[model.MigInstance]) -> None:
+    # Atomic (a crash leaves the old table or the new one); not fsync'd: the file lives on a
+    # tmpfs, as the hardware state it stands for does not outlive a power cycle either.
+    body = [
+        {
+            "parent": i.placement.parent,
+            "profile": i.placement.profile,
+            "start": i.placement.start,
+            "gpuInstance": i.gpu_instance,
+            "computeInstance": i.compute_instance,
+            "uuid": i.uuid,
+        }
+        for i in table
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
 
 
 def load_faults(path: Path, xids: health.XidPolicy) -> tuple[health.Fault, ...]:

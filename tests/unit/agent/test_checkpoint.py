@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -14,6 +15,7 @@ import pytest
 from dra_gpu.agent import cdi, checkpoint, files
 from dra_gpu.agent.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
 from dra_gpu.agent.claims import AllocatedDevice
+from dra_gpu.devices import model
 
 DRIVER = "gpu.example.com"
 UID = "6f1d3e0a-93c4-4c1e-a2b5-0d8c2f5e7a11"
@@ -363,3 +365,75 @@ def test_the_record_lists_the_allocated_devices_that_the_spec_holds() -> None:
     )
     assert record.cdi_spec == spec
     assert checkpoint.record_claim(DRIVER, UID, "default", "c", allocated, None).devices == ()
+
+
+MIG = model.MigInstance(model.MigPlacement("gpu-0", "3g.20gb", 4), 2, 0, "MIG-1234")
+
+
+def test_a_mig_instance_round_trips_and_records_without_one_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    plain = prepared_claim("a2", ("gpu-1",))
+    with_mig = prepared_claim(devices=("gpu-0-mig-3g-20gb-4",)).with_mig_instance(
+        "gpu-0-mig-3g-20gb-4", MIG
+    )
+    state = Checkpoint().with_claim(with_mig).with_claim(plain)
+    checkpoint.write_checkpoint(path, state)
+    assert checkpoint.read_checkpoint(path) == state
+    devices = {c["uid"]: c["devices"][0] for c in json.loads(path.read_bytes())["data"]["claims"]}
+    assert devices[UID]["mig_instance"] == {
+        "parent": "gpu-0",
+        "profile": "3g.20gb",
+        "start": 4,
+        "gpu_instance": 2,
+        "compute_instance": 0,
+        "uuid": "MIG-1234",
+    }
+    assert "mig_instance" not in devices["a2"]  # what an older agent wrote and reads
+
+
+def test_a_mig_instance_made_again_renames_its_device_in_the_spec() -> None:
+    device = "gpu-0-mig-3g-20gb-4"
+    claim = PreparedClaim(
+        UID,
+        "ns",
+        "a",
+        (PreparedDevice(("gpu",), "node-01", device, (), MIG),),
+        cdi.claim_spec(
+            DRIVER, UID, [(device, {"NVIDIA_VISIBLE_DEVICES": "MIG-1234", "KEEP": "MIG-12345"})]
+        ),
+    )
+    again = dataclasses.replace(MIG, gpu_instance=1, uuid="MIG-9999")
+    updated = claim.with_mig_instance(device, again)
+    assert updated.mig_instances() == [again]
+    assert updated.cdi_spec is not None
+    assert updated.cdi_spec["devices"][0]["containerEdits"]["env"] == [
+        "NVIDIA_VISIBLE_DEVICES=MIG-9999",
+        "KEEP=MIG-12345",  # only values that are the old UUID, whole
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda i: i.update(start="4"), "mig_instance.start: expected an integer, found str"),
+        (lambda i: i.pop("uuid"), "mig_instance: missing key 'uuid'"),
+        (
+            lambda i: i.update(gpu_instance=True),
+            "mig_instance.gpu_instance: expected an integer, found bool",
+        ),
+    ],
+)
+def test_a_bad_mig_instance_record_is_named(tmp_path: Path, edit: Any, reason: str) -> None:
+    path = tmp_path / "checkpoint.json"
+    claim = prepared_claim(devices=("gpu-0-mig-3g-20gb-4",)).with_mig_instance(
+        "gpu-0-mig-3g-20gb-4", MIG
+    )
+    checkpoint.write_checkpoint(path, Checkpoint().with_claim(claim))
+    rewrite(
+        path,
+        lambda d: edit(d["data"]["claims"][0]["devices"][0]["mig_instance"]),
+        fix_checksum=True,
+    )
+    with pytest.raises(CorruptCheckpoint) as raised:
+        checkpoint.read_checkpoint(path)
+    assert f"data.claims[0].devices[0].{reason}" in raised.value.reason

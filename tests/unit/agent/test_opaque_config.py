@@ -74,6 +74,14 @@ def test_other_drivers_configs_are_ignored_even_when_malformed() -> None:
         ({"kind": "GpuConfig"}, r"parameters\.apiVersion: None is not supported"),
         (gpu_config(kind="Other"), r"parameters\.kind: 'Other' is not supported"),
         ([1, 2], r"parameters: expected an object, found list"),
+        (
+            gpu_config(migProfile="3g"),
+            r"parameters\.migProfile: '3g' is not a MIG profile name \(<compute slices>g\."
+            r"<memory>gb, e\.g\. 3g\.20gb or 1g\.5gb\+me\)",
+        ),
+        (gpu_config(migProfile=3), r"parameters\.migProfile: 3 is not a MIG profile name"),
+        (gpu_config(migProfile="3G.20GB"), r"migProfile: '3G.20GB' is not a MIG profile"),
+        (gpu_config(migprofile="3g.20gb"), r"parameters\.migprofile: unknown field"),
     ],
 )
 def test_malformed_parameters_name_the_field(params: object, message: str) -> None:
@@ -88,3 +96,29 @@ def test_class_config_errors_name_the_device_class() -> None:
             DRIVER,
             ["gpu"],
         )
+
+
+def test_mig_profile_is_kept_with_the_entry_that_set_it_and_a_claim_overrides_a_class() -> None:
+    configs = opaque.effective_configs(
+        [
+            entry(gpu_config(migProfile="1g.5gb+me"), source="FromClass"),
+            entry(gpu_config(env={"A": "1"})),
+            entry(gpu_config(migProfile="3g.20gb"), requests=["big"]),
+        ],
+        DRIVER,
+        ["big", "small"],
+    )
+    assert configs["small"].mig_profile == "1g.5gb+me"
+    assert (
+        configs["small"].mig_profile_field == "DeviceClass config[0].opaque.parameters.migProfile"
+    )
+    assert configs["big"].mig_profile == "3g.20gb"
+    assert (
+        configs["big"].mig_profile_field == "ResourceClaim config[1].opaque.parameters.migProfile"
+    )
+    assert configs["big"].check_mig_profile("gpu-0-mig-3g-20gb-4", "3g.20gb") is None
+    assert configs["big"].check_mig_profile("gpu-0-mig-2g-10gb-0", "2g.10gb") == (
+        "ResourceClaim config[1].opaque.parameters.migProfile asks for a MIG partition of "
+        "profile 3g.20gb, but the device allocated, gpu-0-mig-2g-10gb-0, is a 2g.10gb partition"
+    )
+    assert opaque.GpuConfig().check_mig_profile("gpu-0", None) is None  # none asked for

@@ -9,22 +9,50 @@ against the installed pynvml. A ``FakeNvml`` instance is passed where the module
 Events: ``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents`` / ``nvmlEventSetWait_v2`` /
 ``nvmlEventSetFree`` behave as NVML's do (a wait that times out raises ``NVML_ERROR_TIMEOUT``; the
 event data has the ctypes struct's field names); a test raises an event with ``emit``.
+
+MIG: a GPU with ``mig_mode=1`` has the GPU instance profiles of its ``mig_table`` (NVIDIA's,
+from ``devices.mig``; NVML's profile ids), answered in pynvml's own ctypes structs; GPU and
+compute instance handles are ctypes pointers as pynvml returns them, and arrays passed by the
+caller (possible placements, GPU instances) are filled in as the C library fills them. Creating
+an instance checks what the hardware checks (a possible placement, memory slices free, compute
+slices left) and refuses with NVML's codes; every compute instance gets a new ``MIG-`` UUID, as
+real MIG devices do when created again. ``reset(index)`` is a GPU reset: every instance goes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import itertools
 import queue
 import threading
 from typing import Any, ClassVar
 
+import pynvml
+
+from dra_gpu.devices import mig
+
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_UNKNOWN = 999
+
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_GPU_INSTANCE_PROFILE_COUNT = 18
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+
+# pynvml's own ctypes types: what the backend allocates and reads is what the C library fills.
+c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
+c_nvmlGpuInstance_t = pynvml.c_nvmlGpuInstance_t
 
 NVML_BRAND_TESLA = 2
 NVML_BRAND_NVIDIA = 14
@@ -43,6 +71,10 @@ _MESSAGES = {
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_UNKNOWN: "Unknown Error",
+    NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_IN_USE: "In use by another client",
+    NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
+    NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
 }
 
 
@@ -89,6 +121,48 @@ class FakeGpu:
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     """Function name -> NVML error code that call raises for this GPU."""
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
+    mig_mode: int = NVML_DEVICE_MIG_DISABLE
+    mig_table: mig.MigTable = mig.H100_80GB
+
+
+def nvml_profile_id(profile: mig.MigProfile) -> int:
+    """NVML's GPU instance profile id (nvml.h NVML_GPU_INSTANCE_PROFILE_*) of a profile."""
+    key = (profile.compute_slices, profile.memory_slices, profile.media_extensions)
+    return {
+        (1, 1, False): 0,  # 1_SLICE
+        (2, 2, False): 1,  # 2_SLICE
+        (3, 4, False): 2,  # 3_SLICE
+        (4, 4, False): 3,  # 4_SLICE
+        (7, 8, False): 4,  # 7_SLICE
+        (1, 1, True): 7,  # 1_SLICE_REV1 (+me)
+        (1, 2, False): 9,  # 1_SLICE_REV2
+    }[key]
+
+
+@dataclasses.dataclass(eq=False)
+class _ComputeInstance:
+    id: int
+    profile_id: int
+    uuid: str
+    handle: Any = dataclasses.field(default_factory=pynvml.struct_c_nvmlComputeInstance_t)
+
+
+@dataclasses.dataclass(eq=False)
+class _GpuInstance:
+    id: int
+    placement: mig.Placement
+    computes: list[_ComputeInstance] = dataclasses.field(default_factory=list)
+    handle: Any = dataclasses.field(default_factory=pynvml.struct_c_nvmlGpuInstance_t)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MigHandle:
+    """A MIG device handle (nvmlDeviceGetMigDeviceHandleByIndex)."""
+
+    index: int
+    gpu_instance: int
+    compute_instance: int
+    uuid: str
 
 
 def two_h100s() -> list[FakeGpu]:
@@ -142,6 +216,13 @@ class FakeNvml:
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
     nvmlEventTypeDoubleBitEccError = nvmlEventTypeDoubleBitEccError
+    NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
+    NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
+    NVML_GPU_INSTANCE_PROFILE_COUNT = NVML_GPU_INSTANCE_PROFILE_COUNT
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
+    c_nvmlGpuInstance_t = c_nvmlGpuInstance_t
 
     def __init__(
         self,
@@ -160,6 +241,17 @@ class FakeNvml:
         self.shutdown_calls = 0
         self.call_threads: list[tuple[str, int]] = []
         self.event_sets: list[_EventSet] = []
+        self.instances: dict[int, list[_GpuInstance]] = {i: [] for i in range(len(self.gpus))}
+        self._uuids = itertools.count(1)
+
+    # ---- for tests ------------------------------------------------------------------------
+
+    def reset(self, index: int) -> None:
+        """A GPU reset (a reboot): its MIG instances are gone."""
+        self.instances[index] = []
+
+    def mig_uuids(self, index: int) -> list[str]:
+        return [c.uuid for g in self.instances[index] for c in g.computes]
 
     def emit(self, index: int, event_type: int, data: int = 0) -> None:
         """An event on GPU ``index``, delivered to every event set registered for it."""
@@ -214,7 +306,10 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
 
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+    def nvmlDeviceGetUUID(self, handle: _Handle | _MigHandle) -> str:
+        if isinstance(handle, _MigHandle):
+            self._enter("nvmlDeviceGetUUID")
+            return handle.uuid
         return self._gpu("nvmlDeviceGetUUID", handle).uuid
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
@@ -237,9 +332,10 @@ class FakeNvml:
         return _Memory(total=total, free=total, used=0)
 
     def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
-        if not self._gpu("nvmlDeviceGetMigMode", device).mig_capable:
+        gpu = self._gpu("nvmlDeviceGetMigMode", device)
+        if not gpu.mig_capable:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return [0, 0]
+        return [gpu.mig_mode, gpu.mig_mode]
 
     def nvmlEventSetCreate(self) -> _EventSet:
         self._enter("nvmlEventSetCreate")
@@ -268,3 +364,184 @@ class FakeNvml:
     def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
         self._enter("nvmlEventSetFree")
         eventSet.freed = True
+
+    # ---- MIG ------------------------------------------------------------------------------
+
+    def _mig_gpu(self, name: str, handle: _Handle) -> FakeGpu:
+        gpu = self._gpu(name, handle)
+        if gpu.mig_mode != NVML_DEVICE_MIG_ENABLE:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _profile(self, gpu: FakeGpu, profile_id: int) -> mig.MigProfile:
+        for profile in gpu.mig_table.profiles:
+            if nvml_profile_id(profile) == profile_id:
+                return profile
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    def _gpu_instance(self, name: str, handle: Any) -> tuple[int, _GpuInstance]:
+        self._enter(name)
+        address = ctypes.addressof(handle.contents)
+        for index, instances in self.instances.items():
+            for instance in instances:
+                if ctypes.addressof(instance.handle) == address:
+                    return index, instance
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # a destroyed instance's handle
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: _Handle, profile: int, version: int = 2
+    ) -> Any:
+        gpu = self._mig_gpu("nvmlDeviceGetGpuInstanceProfileInfo", device)
+        if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        found = self._profile(gpu, profile)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id = profile
+        info.sliceCount = found.compute_slices
+        info.instanceCount = 1 if found.media_extensions else len(found.starts)
+        info.memorySizeMB = found.memory_gib * 1024 - 512  # NVML reports a little less
+        info.name = f"MIG {found.name}".encode()
+        return info
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: _Handle, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
+        gpu = self._mig_gpu("nvmlDeviceGetGpuInstancePossiblePlacements", device)
+        profile = self._profile(gpu, profileId)
+        if len(placementsRef) < len(profile.starts):
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, start in enumerate(profile.starts):
+            placementsRef[i].start = start
+            placementsRef[i].size = profile.memory_slices
+        countRef._obj.value = len(profile.starts)
+        return 0
+
+    def nvmlDeviceGetGpuInstances(
+        self, device: _Handle, profileId: int, gpuInstancesRef: Any, countRef: Any
+    ) -> int:
+        gpu = self._mig_gpu("nvmlDeviceGetGpuInstances", device)
+        profile = self._profile(gpu, profileId)
+        found = [g for g in self.instances[device.index] if g.placement.profile == profile]
+        if len(gpuInstancesRef) < len(found):
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, instance in enumerate(found):
+            gpuInstancesRef[i] = ctypes.pointer(instance.handle)
+        countRef._obj.value = len(found)
+        return 0
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: _Handle, profileId: int, placement: Any
+    ) -> Any:
+        gpu = self._mig_gpu("nvmlDeviceCreateGpuInstanceWithPlacement", device)
+        profile = self._profile(gpu, profileId)
+        where = getattr(placement, "_obj", placement)  # passed byref, as the C call takes it
+        if where.start not in profile.starts or where.size != profile.memory_slices:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        existing = self.instances[device.index]
+        wanted = mig.Placement(profile, where.start)
+        if mig.conflict(wanted, [g.placement for g in existing]) is not None:
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        ids = {g.id for g in existing}
+        created = _GpuInstance(min(set(range(1, len(ids) + 2)) - ids), wanted)
+        existing.append(created)
+        return ctypes.pointer(created.handle)
+
+    def nvmlDeviceGetGpuInstanceById(self, device: _Handle, gpuInstanceId: int) -> Any:
+        self._mig_gpu("nvmlDeviceGetGpuInstanceById", device)
+        for instance in self.instances[device.index]:
+            if instance.id == gpuInstanceId:
+                return ctypes.pointer(instance.handle)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> Any:
+        _, instance = self._gpu_instance("nvmlGpuInstanceGetInfo", gpuInstance)
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id = instance.id
+        info.profileId = nvml_profile_id(instance.placement.profile)
+        info.placement.start = instance.placement.start
+        info.placement.size = instance.placement.profile.memory_slices
+        return info
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: Any, profile: int, engProfile: int, version: int = 2
+    ) -> Any:
+        _, instance = self._gpu_instance("nvmlGpuInstanceGetComputeInstanceProfileInfo", device)
+        slices = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}.get(profile)
+        if slices is None or engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if slices > instance.placement.profile.compute_slices:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = instance.placement.profile.compute_slices // slices
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
+        index, instance = self._gpu_instance("nvmlGpuInstanceCreateComputeInstance", gpuInstance)
+        if instance.computes:  # one spanning compute instance is all the fake offers
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        number = next(self._uuids)
+        uuid = f"MIG-{index:08x}-{instance.id:04x}-4000-8000-{number:012x}"
+        created = _ComputeInstance(0, profileId, uuid)
+        instance.computes.append(created)
+        return ctypes.pointer(created.handle)
+
+    def nvmlGpuInstanceGetComputeInstanceById(
+        self, gpuInstance: Any, computeInstanceId: int
+    ) -> Any:
+        _, instance = self._gpu_instance("nvmlGpuInstanceGetComputeInstanceById", gpuInstance)
+        for compute in instance.computes:
+            if compute.id == computeInstanceId:
+                return ctypes.pointer(compute.handle)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def _compute_instance(self, name: str, handle: Any) -> tuple[_GpuInstance, _ComputeInstance]:
+        self._enter(name)
+        address = ctypes.addressof(handle.contents)
+        for instances in self.instances.values():
+            for instance in instances:
+                for compute in instance.computes:
+                    if ctypes.addressof(compute.handle) == address:
+                        return instance, compute
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> Any:
+        _, compute = self._compute_instance("nvmlComputeInstanceGetInfo", computeInstance)
+        info = pynvml.c_nvmlComputeInstanceInfo_t()
+        info.id = compute.id
+        info.profileId = compute.profile_id
+        return info
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> None:
+        instance, compute = self._compute_instance("nvmlComputeInstanceDestroy", computeInstance)
+        instance.computes.remove(compute)
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> None:
+        index, instance = self._gpu_instance("nvmlGpuInstanceDestroy", gpuInstance)
+        if instance.computes:
+            raise NVMLError(NVML_ERROR_IN_USE)
+        self.instances[index].remove(instance)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: _Handle) -> int:
+        self._gpu("nvmlDeviceGetMaxMigDeviceCount", device)
+        return mig.COMPUTE_SLICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: _Handle, index: int) -> _MigHandle:
+        self._mig_gpu("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        handles = [
+            _MigHandle(device.index, g.id, c.id, c.uuid)
+            for g in sorted(self.instances[device.index], key=lambda g: g.id)
+            for c in g.computes
+        ]
+        if not 0 <= index < len(handles):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return handles[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, device: _MigHandle) -> int:
+        self._enter("nvmlDeviceGetGpuInstanceId")
+        return device.gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, device: _MigHandle) -> int:
+        self._enter("nvmlDeviceGetComputeInstanceId")
+        return device.compute_instance

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from dra_gpu.devices import model, nvml
+from dra_gpu.devices import mig, model, nvml
 from tests.unit.inventory import fake_pynvml
 from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml
 
@@ -169,14 +169,50 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
         "NVML_BRAND_TESLA",
         "nvmlEventTypeXidCriticalError",
         "nvmlEventTypeDoubleBitEccError",
+        "NVML_ERROR_NOT_FOUND",
+        "NVML_ERROR_INVALID_ARGUMENT",
+        "NVML_ERROR_IN_USE",
+        "NVML_ERROR_INSUFFICIENT_RESOURCES",
+        "NVML_ERROR_INSUFFICIENT_SIZE",
+        "NVML_DEVICE_MIG_ENABLE",
+        "NVML_GPU_INSTANCE_PROFILE_COUNT",
+        "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED",
+        "c_nvmlGpuInstancePlacement_t",
+        "c_nvmlGpuInstance_t",
     ):
-        assert getattr(real, name) == getattr(fake_pynvml, name)
+        assert getattr(real, name) == getattr(fake_pynvml, name), name
+    # NVML's GPU instance profile ids of the fake's profiles are pynvml's.
+    for profile, constant in (
+        ("1g.5gb", "NVML_GPU_INSTANCE_PROFILE_1_SLICE"),
+        ("1g.5gb+me", "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1"),
+        ("1g.10gb", "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2"),
+        ("2g.10gb", "NVML_GPU_INSTANCE_PROFILE_2_SLICE"),
+        ("3g.20gb", "NVML_GPU_INSTANCE_PROFILE_3_SLICE"),
+        ("4g.20gb", "NVML_GPU_INSTANCE_PROFILE_4_SLICE"),
+        ("7g.40gb", "NVML_GPU_INSTANCE_PROFILE_7_SLICE"),
+    ):
+        (found,) = [p for p in mig.A100_40GB.profiles if p.name == profile]
+        assert fake_pynvml.nvml_profile_id(found) == getattr(real, constant), profile
+    # The compute instance profile of each slice count, as the backend asks for it.
+    for slices, constant in ((1, "1"), (2, "2"), (3, "3"), (4, "4"), (6, "6"), (7, "7"), (8, "8")):
+        name = f"NVML_COMPUTE_INSTANCE_PROFILE_{constant}_SLICE"
+        assert nvml._COMPUTE_PROFILE_OF_SLICES[slices] == getattr(real, name), name
+    # The ctypes structs' fields the backend reads.
+    for struct, fields in (
+        ("c_nvmlGpuInstanceProfileInfo_v2_t", {"id", "sliceCount", "instanceCount", "name"}),
+        ("c_nvmlGpuInstanceInfo_t", {"id", "profileId", "placement"}),
+        ("c_nvmlComputeInstanceInfo_t", {"id", "profileId"}),
+        ("c_nvmlComputeInstanceProfileInfo_v2_t", {"id", "sliceCount"}),
+        ("c_nvmlGpuInstancePlacement_t", {"start", "size"}),
+    ):
+        assert fields <= {f[0] for f in getattr(real, struct)._fields_}, struct
     for name, fake_fn in inspect.getmembers(FakeNvml(), inspect.ismethod):
         if not name.startswith("nvml"):
             continue
         real_params = list(inspect.signature(getattr(real, name)).parameters)
         assert list(inspect.signature(fake_fn).parameters) == real_params, name
-    used = [n for n in dir(nvml.NvmlApi) if n.startswith(("nvml", "NVML"))]
+    used = [n for n in dir(nvml.NvmlApi) if n.startswith(("nvml", "NVML", "c_nvml"))]
+    assert "nvmlDeviceCreateGpuInstanceWithPlacement" in used
     assert "nvmlEventSetWait_v2" in used
     assert "nvmlDeviceRegisterEvents" in used
     assert all(hasattr(real, n) and hasattr(FakeNvml, n) for n in used)
@@ -189,3 +225,65 @@ async def test_a_container_sees_its_gpu_through_nvidia_visible_devices() -> None
     async with nvml.NvmlBackend("node-01", nvml=FakeNvml()) as backend:
         gpu = (await backend.inventory()).devices[1]
         assert backend.container_env(0, gpu) == {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
+
+
+async def test_a_gpu_in_mig_mode_publishes_the_placements_nvml_reports() -> None:
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                name="NVIDIA A100-SXM4-40GB",
+                memory_total=40 * 2**30,
+                mig_mode=1,
+                mig_table=mig.A100_40GB,
+            ),
+            FakeGpu(uuid="GPU-1", mig_mode=0),  # MIG-capable, MIG mode off: whole only
+        ]
+    )
+    async with nvml.NvmlBackend("node-01", nvml=fake) as backend:
+        inventory = await backend.inventory()
+    by_name = inventory.by_name()
+    parts = [d for d in inventory.devices if d.partition_of == "gpu-0"]
+    # Every placement of NVIDIA's table, named as the simulated backend names them.
+    assert sorted(d.name for d in parts) == sorted(
+        mig.partition_name_of("gpu-0", p) for p in mig.placements(mig.A100_40GB)
+    )
+    part = by_name["gpu-0-mig-3g-20gb-4"]
+    assert dict(part.capacity) == {"memory": "19968Mi"}  # as NVML reports it, not the name
+    assert part.attributes["profile"] == model.StringValue("3g.20gb")
+    assert part.attributes["placementStart"] == model.IntValue(4)
+    assert dict(part.consumes) == {
+        "gpu-0-counters": {
+            "memory-slice-4": 1,
+            "memory-slice-5": 1,
+            "memory-slice-6": 1,
+            "memory-slice-7": 1,
+            "compute-slices": 3,
+        }
+    }
+    assert by_name["gpu-0-mig-1g-5gb-me-3"].consumes["gpu-0-counters"]["media-extensions"] == 1
+    assert [c.name for c in inventory.counter_sets] == ["gpu-0-counters"]
+    assert by_name["gpu-1"].partition_of is None
+    assert not by_name["gpu-1"].consumes
+    assert [d.name for d in inventory.devices if d.partition_of == "gpu-1"] == []
+
+
+async def test_mig_instances_are_made_and_unmade_through_nvml() -> None:
+    fake = FakeNvml([FakeGpu(mig_mode=1, mig_table=mig.H100_80GB)])
+    async with nvml.NvmlBackend("node-01", nvml=fake) as backend:
+        placement = model.MigPlacement("gpu-0", "3g.40gb", 0)
+        created = await backend.create_mig_instance(placement)
+        assert created == model.MigInstance(placement, 1, 0, fake.mig_uuids(0)[0])
+        # Asked again (a retried prepare): the same one, not a second.
+        assert await backend.create_mig_instance(placement) == created
+        assert await backend.mig_instances() == (created,)
+        # The hardware's refusal names the GPU and the call.
+        with pytest.raises(
+            model.InventoryError,
+            match=r"GPU 0: NVML nvmlDeviceCreateGpuInstance"
+            r"WithPlacement failed: Insufficient Resources",
+        ):
+            await backend.create_mig_instance(model.MigPlacement("gpu-0", "4g.40gb", 0))
+        await backend.destroy_mig_instance(created)
+        assert await backend.mig_instances() == ()
+        assert fake.instances[0] == []
+        await backend.destroy_mig_instance(created)  # gone already: not an error

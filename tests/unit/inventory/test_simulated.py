@@ -1,5 +1,6 @@
 """The simulated backend serves a YAML profile and rejects bad ones, naming file and field."""
 
+import shutil
 from pathlib import Path
 from textwrap import dedent
 
@@ -272,3 +273,46 @@ async def test_a_parsed_profile_can_be_served_directly() -> None:
     profile = simulated.parse_profile("nodes: {n: {devices: [{memory: 8Gi}]}}", source="inline")
     backend = simulated.SimulatedBackend(profile, node="n")
     assert [d.name for d in (await backend.inventory()).devices] == ["gpu-0"]
+
+
+async def test_simulated_mig_instances_outlive_the_agent_but_not_the_hardware_dir(
+    tmp_path: Path,
+) -> None:
+    profile = simulated.parse_profile(
+        "nodes:\n  n:\n    devices:\n    - {memory: 40Gi, migCapable: true, mig: A100-40GB}\n"
+    )
+    hardware = tmp_path / "run" / "sim"
+    backend = simulated.SimulatedBackend(profile, "n", hardware_dir=hardware)
+    placement = model.MigPlacement("gpu-0", "3g.20gb", 4)
+    created = await backend.create_mig_instance(placement)
+    assert created.gpu_instance == 1
+    assert created.compute_instance == 0
+    inventory = await backend.inventory()
+    # Its MIG device is the partition device's UUID, which the container is told of.
+    assert created.uuid == inventory.by_name()["gpu-0-mig-3g-20gb-4"].uuid
+    assert await backend.create_mig_instance(placement) == created  # a retried call
+    # The hardware refuses what would over-commit the GPU, and says why.
+    with pytest.raises(model.InventoryError, match="memory slice\\(s\\) 4, 5 are taken"):
+        await backend.create_mig_instance(model.MigPlacement("gpu-0", "2g.10gb", 4))
+    media = await backend.create_mig_instance(model.MigPlacement("gpu-0", "1g.5gb+me", 0))
+    with pytest.raises(model.InventoryError, match="the media extensions are taken"):
+        await backend.create_mig_instance(model.MigPlacement("gpu-0", "1g.5gb+me", 1))
+    await backend.destroy_mig_instance(media)
+    with pytest.raises(model.InventoryError, match=r"has no MIG profile 3g\.40gb"):
+        await backend.create_mig_instance(model.MigPlacement("gpu-0", "3g.40gb", 0))
+    with pytest.raises(model.InventoryError, match="starts at memory slice 0, 4, not 2"):
+        await backend.create_mig_instance(model.MigPlacement("gpu-0", "3g.20gb", 2))
+
+    # An agent crash: a new backend object finds what the old one made.
+    again = simulated.SimulatedBackend(profile, "n", hardware_dir=hardware)
+    assert await again.mig_instances() == (created,)
+    await again.destroy_mig_instance(created)
+    assert await backend.mig_instances() == ()
+    await again.destroy_mig_instance(created)  # gone already: not an error
+
+    # A reboot empties the node's tmpfs: no instance survives it.
+    await backend.create_mig_instance(placement)
+    shutil.rmtree(hardware)
+    assert (
+        await simulated.SimulatedBackend(profile, "n", hardware_dir=hardware).mig_instances() == ()
+    )

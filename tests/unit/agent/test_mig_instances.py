@@ -1,0 +1,337 @@
+"""MIG instances over a claim's life, against both backends' ``MigInstances``: the simulated
+GPUs (their instance table in a directory, as on the node's tmpfs) and the NVML backend over the
+fake pynvml. Prepare creates the partition's instance and names its MIG device in the CDI spec,
+unprepare destroys it, and recovery at start leaves no leaked and no missing instance after a
+crash between creation and the checkpoint write, or after a reboot. Real files under tmp_path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from dra_gpu.agent import cdi, checkpoint, failpoints
+from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.state import DeviceState, Prepared, PrepareFailed
+from dra_gpu.devices import mig, model, nvml, simulated
+from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml
+
+DRIVER = "gpu.example.com"
+NODE = "node-01"
+PROFILE = f"""\
+nodes:
+  {NODE}:
+    devices:
+    - {{memory: 40Gi, migCapable: true, mig: A100-40GB, productName: NVIDIA A100-SXM4-40GB}}
+"""
+P3G = "gpu-0-mig-3g-20gb-4"
+P1G = "gpu-0-mig-1g-5gb-0"
+
+
+class MigBackend(model.Backend, model.MigInstances, Protocol):
+    """What these tests need of a backend: devices and MIG instances."""
+
+
+@dataclasses.dataclass
+class Rig:
+    """One backend and how its GPUs lose their instances (a reboot)."""
+
+    name: str
+    backend: MigBackend
+    reboot: Callable[[], None]
+    visible: Callable[[str], dict[str, str]]
+    """The CDI environment naming a MIG device of the first device of a claim."""
+    fake: FakeNvml | None = None
+
+
+@pytest.fixture(params=["simulated", "nvml"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    if request.param == "simulated":
+        hardware = tmp_path / "run" / "hardware"
+        backend = simulated.SimulatedBackend(
+            simulated.parse_profile(PROFILE), NODE, hardware_dir=hardware
+        )
+        yield Rig(
+            "simulated",
+            backend,
+            lambda: shutil.rmtree(hardware, ignore_errors=True),
+            lambda uuid: {"GPU_DEVICE_0_MIG": uuid},
+        )
+        return
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                name="NVIDIA A100-SXM4-40GB",
+                memory_total=40 * 2**30,
+                mig_mode=1,
+                mig_table=mig.A100_40GB,
+            )
+        ]
+    )
+    yield Rig(
+        "nvml",
+        nvml.NvmlBackend(NODE, nvml=fake),
+        lambda: fake.reset(0),
+        lambda uuid: {"NVIDIA_VISIBLE_DEVICES": uuid},
+        fake,
+    )
+
+
+class Claims:
+    """The one API call prepare makes: GET of a claim."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, dict[str, Any]] = {}
+
+    def add(self, name: str, *devices: str, config: list[Any] | None = None) -> ClaimRef:
+        uid = f"uid-{name}"
+        results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+        self.claims[name] = {
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
+        }
+        return ClaimRef("ns", name, ClaimUID(uid))
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return self.claims[path.rsplit("/", 1)[1]]
+
+
+class NoStatus:
+    def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        pass
+
+
+def agent(rig: Rig, tmp_path: Path, api: Claims) -> DeviceState:
+    """An agent as it starts: the checkpoint on disk loaded."""
+
+    async def inventory(fresh: bool) -> model.Inventory:
+        return await rig.backend.inventory()
+
+    state = DeviceState(
+        api=api,  # type: ignore[arg-type]  # prepare only GETs claims
+        driver=DRIVER,
+        node=NODE,
+        container_env=rig.backend.container_env,
+        cdi_dir=tmp_path / "run" / "cdi",
+        checkpoint_file=tmp_path / "checkpoint.json",
+        inventory=inventory,
+        status=NoStatus(),
+        mig=rig.backend,
+    )
+    state.load(checkpoint.read_checkpoint(tmp_path / "checkpoint.json"))
+    return state
+
+
+def spec_env(tmp_path: Path, ref: ClaimRef) -> dict[str, str]:
+    spec = json.loads((tmp_path / "run" / "cdi" / cdi.spec_file_name(DRIVER, ref.uid)).read_text())
+    (device,) = spec["devices"]
+    return dict(entry.split("=", 1) for entry in device["containerEdits"]["env"])
+
+
+def recorded(tmp_path: Path) -> dict[str, list[model.MigInstance]]:
+    on_disk = checkpoint.read_checkpoint(tmp_path / "checkpoint.json")
+    return {c.name: c.mig_instances() for c in on_disk.claims.values()}
+
+
+async def test_prepare_creates_the_partitions_instance_and_unprepare_destroys_it(
+    rig: Rig, tmp_path: Path
+) -> None:
+    api = Claims()
+    ref = api.add("a", P3G)
+    state = agent(rig, tmp_path, api)
+
+    assert isinstance(await state.prepare(ref), Prepared)
+
+    (instance,) = await rig.backend.mig_instances()
+    assert instance.placement == model.MigPlacement("gpu-0", "3g.20gb", 4)
+    assert instance.compute_instance is not None
+    assert instance.uuid.startswith("MIG-")
+    assert spec_env(tmp_path, ref).items() >= rig.visible(instance.uuid).items()
+    assert recorded(tmp_path) == {"a": [instance]}
+
+    assert await state.unprepare(ref) is None
+    assert await rig.backend.mig_instances() == ()
+    assert recorded(tmp_path) == {}
+    assert await state.unprepare(ref) is None  # repeating it is harmless
+
+
+async def test_a_whole_gpu_needs_no_instance(rig: Rig, tmp_path: Path) -> None:
+    api = Claims()
+    state = agent(rig, tmp_path, api)
+    assert isinstance(await state.prepare(api.add("whole", "gpu-0")), Prepared)
+    assert await rig.backend.mig_instances() == ()
+
+
+async def test_a_claim_whose_second_instance_cannot_be_created_keeps_none(
+    rig: Rig, tmp_path: Path
+) -> None:
+    # The scheduler's counters never allow these two together; the hardware refuses them too.
+    api = Claims()
+    state = agent(rig, tmp_path, api)
+    result = await state.prepare(api.add("both", "gpu-0-mig-3g-20gb-0", "gpu-0-mig-4g-20gb-0"))
+    assert isinstance(result, PrepareFailed)
+    assert "ResourceClaim ns/both" in result.message
+    assert await rig.backend.mig_instances() == ()
+    assert recorded(tmp_path) == {}
+
+
+async def test_mig_profile_config_refuses_a_partition_of_another_profile(
+    rig: Rig, tmp_path: Path
+) -> None:
+    api = Claims()
+    state = agent(rig, tmp_path, api)
+    config = [
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "gpu.dra-gpu.io/v1alpha1",
+                    "kind": "GpuConfig",
+                    "migProfile": "3g.20gb",
+                },
+            },
+        }
+    ]
+    wrong = await state.prepare(api.add("small", P1G, config=config))
+    assert isinstance(wrong, PrepareFailed)
+    assert wrong.message == (
+        "ResourceClaim ns/small: request gpu: ResourceClaim config[0].opaque.parameters"
+        ".migProfile asks for a MIG partition of profile 3g.20gb, but the device allocated, "
+        f"{P1G}, is a 1g.5gb partition"
+    )
+    whole = await state.prepare(api.add("whole", "gpu-0", config=config))
+    assert isinstance(whole, PrepareFailed)
+    assert "the device allocated, gpu-0, is not a MIG partition" in whole.message
+    assert await rig.backend.mig_instances() == ()
+
+    assert isinstance(await state.prepare(api.add("right", P3G, config=config)), Prepared)
+    assert len(await rig.backend.mig_instances()) == 1
+
+
+class Killed(BaseException):
+    """SIGKILL at a failpoint: nothing after it runs, no handler sees it."""
+
+
+async def test_a_crash_between_creating_an_instance_and_recording_it_leaks_nothing(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def reach(name: str) -> None:
+        if name == "mig-instance-created":
+            raise Killed
+
+    api = Claims()
+    ref = api.add("a", P3G)
+    monkeypatch.setattr(failpoints, "reach", reach)
+    with pytest.raises(Killed):
+        await agent(rig, tmp_path, api).prepare(ref)
+    assert len(await rig.backend.mig_instances()) == 1, "created, not recorded"
+    assert recorded(tmp_path) == {}
+    monkeypatch.undo()
+
+    restarted = agent(rig, tmp_path, api)
+    repaired = await restarted.recover()
+
+    assert await rig.backend.mig_instances() == ()
+    (line,) = repaired
+    assert line.startswith("destroyed MIG instance gpu-0 3g.20gb at memory slice 4 (GPU instance")
+    assert line.endswith("): no prepared claim holds it")
+    # The kubelet's retry prepares it again: exactly one instance, recorded.
+    assert isinstance(await restarted.prepare(ref), Prepared)
+    (instance,) = await rig.backend.mig_instances()
+    assert recorded(tmp_path) == {"a": [instance]}
+
+
+async def test_after_a_reboot_recorded_instances_are_created_again(
+    rig: Rig, tmp_path: Path
+) -> None:
+    api = Claims()
+    a, b = api.add("a", P3G), api.add("b", P1G)
+    state = agent(rig, tmp_path, api)
+    assert isinstance(await state.prepare(a), Prepared)
+    assert isinstance(await state.prepare(b), Prepared)
+    before = {i.placement: i for i in await rig.backend.mig_instances()}
+    state.close()
+
+    rig.reboot()  # the GPU reset: no instance survives; /run (the CDI specs) is empty
+    shutil.rmtree(tmp_path / "run" / "cdi")
+    assert await rig.backend.mig_instances() == ()
+
+    restarted = agent(rig, tmp_path, api)
+    repaired = await restarted.recover()
+
+    after = {i.placement: i for i in await rig.backend.mig_instances()}
+    assert set(after) == set(before)
+    assert "created MIG instance gpu-0 3g.20gb at memory slice 4 of claim ns/a again" in " ".join(
+        repaired
+    )
+    # The record and the spec name the MIG device that exists now (NVML gives a new UUID).
+    by_name = recorded(tmp_path)
+    assert by_name == {
+        "a": [after[model.MigPlacement("gpu-0", "3g.20gb", 4)]],
+        "b": [after[model.MigPlacement("gpu-0", "1g.5gb", 0)]],
+    }
+    uuid = by_name["a"][0].uuid
+    assert spec_env(tmp_path, a).items() >= rig.visible(uuid).items()
+    if rig.name == "nvml":
+        assert uuid != before[model.MigPlacement("gpu-0", "3g.20gb", 4)].uuid
+    # ... and unprepare destroys what exists now.
+    assert await restarted.unprepare(a) is None
+    assert await restarted.unprepare(b) is None
+    assert await rig.backend.mig_instances() == ()
+    assert await restarted.recover() == []
+
+
+async def test_an_instance_that_cannot_be_destroyed_keeps_its_claim_recorded(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = Claims()
+    ref = api.add("a", P3G)
+    state = agent(rig, tmp_path, api)
+    assert isinstance(await state.prepare(ref), Prepared)
+
+    async def busy(instance: model.MigInstance) -> None:
+        raise model.InventoryError(
+            "node node-01: GPU 0: NVML nvmlGpuInstanceDestroy failed: In use"
+        )
+
+    monkeypatch.setattr(rig.backend, "destroy_mig_instance", busy)
+    failed = await state.unprepare(ref)
+    assert failed is not None
+    assert failed.message.startswith("ResourceClaim ns/a: cannot destroy MIG instance gpu-0")
+    assert "In use" in failed.message
+    assert list(recorded(tmp_path)) == ["a"], "kept: the kubelet retries the unprepare"
+    monkeypatch.undo()
+    assert await state.unprepare(ref) is None
+    assert await rig.backend.mig_instances() == ()
+
+
+async def test_a_rebuilt_checkpoint_adopts_the_instance_of_its_claim_instead_of_destroying_it(
+    rig: Rig, tmp_path: Path
+) -> None:
+    api = Claims()
+    ref = api.add("a", P3G)
+    state = agent(rig, tmp_path, api)
+    assert isinstance(await state.prepare(ref), Prepared)
+    (instance,) = await rig.backend.mig_instances()
+    # What a rebuild from the API server and the CDI directory records: no instance.
+    record = state.prepared.claims[ref.uid]
+    bare = dataclasses.replace(
+        record,
+        devices=tuple(dataclasses.replace(d, mig_instance=None) for d in record.devices),
+    )
+    checkpoint.write_checkpoint(
+        tmp_path / "checkpoint.json", checkpoint.Checkpoint({ref.uid: bare})
+    )
+
+    restarted = agent(rig, tmp_path, api)
+    assert (await restarted.recover())[0].startswith("recorded MIG instance gpu-0 3g.20gb")
+    assert await rig.backend.mig_instances() == (instance,)
+    assert recorded(tmp_path) == {"a": [instance]}
