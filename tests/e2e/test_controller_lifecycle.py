@@ -69,8 +69,9 @@ async def test_sigterm_exits_0_releases_the_lease_and_the_standby_leads_at_once(
         assert "Traceback" not in log, log[-3000:]
         holder = (await api.get(f"{LEASES}/{lease}"))["spec"].get("holderIdentity")
         assert holder in ("", "lifecycle-b"), f"the lease still names {holder!r}"
-        # Released, not expired: the standby retries every lease/3 = 20 s, far below 60 s.
-        await eventually(second.leads, timeout=30, what="lifecycle-b leads")
+        # Released, not expired, and seen at once: the standby watches the Lease (its own
+        # retries come every lease/3 = 20 s, the lease would expire after 60 s).
+        await eventually(second.leads, timeout=8, what="lifecycle-b leads")
         holder = (await api.get(f"{LEASES}/{lease}"))["spec"].get("holderIdentity")
         assert holder == "lifecycle-b"
     finally:

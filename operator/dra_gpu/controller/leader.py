@@ -1,6 +1,7 @@
 """Leader election with a coordination.k8s.io Lease: one controller replica acts at a time.
 
-Every replica watches and keeps its view warm, so a standby takes over in one lease period;
+Every replica watches and keeps its view warm, so a standby takes over in one lease period, or
+at once when the holder releases the lease on a clean stop (a standby watches the Lease);
 only the holder of the lease writes (Events, claim status repairs, stale slice deletions). The
 protocol is client-go's: the holder renews ``renewTime`` every ``renew_seconds``; another replica
 takes the lease over only when ``renewTime + leaseDurationSeconds`` has passed, with an
@@ -12,6 +13,7 @@ platform teams already know from kube-controller-manager.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 from typing import Any, NoReturn
@@ -35,10 +37,15 @@ def _parse(value: str | None) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def released(spec: dict[str, Any]) -> bool:
+    """Whether nobody holds the lease (its holder gave it up on a clean stop)."""
+    return not spec.get("holderIdentity")
+
+
 def expired(spec: dict[str, Any], now: datetime.datetime) -> bool:
     """Whether the lease's holder missed its renewal (or nobody holds it)."""
     renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-    if not spec.get("holderIdentity") or renewed is None:
+    if released(spec) or renewed is None:
         return True
     return now > renewed + datetime.timedelta(seconds=int(spec.get("leaseDurationSeconds", 15)))
 
@@ -63,6 +70,9 @@ class LeaderElector:
         self.renew_seconds = renew_seconds
         self.is_leader = False
         self.changed = asyncio.Event()
+        self._seen: str | None = None
+        """The Lease's resourceVersion when another replica last held it (a standby watches
+        from there)."""
 
     def _set(self, leading: bool) -> None:
         if leading != self.is_leader:
@@ -79,7 +89,28 @@ class LeaderElector:
             except Exception as exc:  # API restarting: we cannot prove we still lead
                 log.warning("lease %s: %s", self.name, exc)
                 self._set(False)
-            await asyncio.sleep(self.renew_seconds)
+            if self.is_leader or self._seen is None:
+                await asyncio.sleep(self.renew_seconds)
+            else:  # a standby: try again at once when the holder lets go
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._released(self._seen), self.renew_seconds)
+
+    async def _released(self, resource_version: str) -> None:
+        """Returns when the Lease, as seen at ``resource_version``, is released or deleted (a
+        watch of the one Lease); on a watch error, after the usual period."""
+        try:
+            async for event in self.api.watch_once(
+                self.collection,
+                resource_version,
+                timeout_seconds=max(1, int(self.renew_seconds)),
+                fieldSelector=f"metadata.name={self.name}",
+            ):
+                lease = event.get("object") or {}
+                if event.get("type") == "DELETED" or released(lease.get("spec") or {}):
+                    return
+        except Exception as exc:  # the next try says what is wrong, if anything is
+            log.debug("watching lease %s: %s", self.name, exc)
+        await asyncio.sleep(self.renew_seconds)
 
     async def try_acquire_or_renew(self) -> bool:
         now = _now()
@@ -88,6 +119,7 @@ class LeaderElector:
             "leaseDurationSeconds": self.lease_seconds,
             "renewTime": _micro(now),
         }
+        self._seen = None
         try:
             lease = await self.api.get(self.path)
         except kube.ApiError as exc:
@@ -111,6 +143,7 @@ class LeaderElector:
         current = lease.get("spec") or {}
         mine = current.get("holderIdentity") == self.identity
         if not mine and not expired(current, now):
+            self._seen = lease["metadata"].get("resourceVersion")
             return False
         if not mine:
             spec["acquireTime"] = _micro(now)
