@@ -181,6 +181,9 @@ def device_body(device: model.Device) -> dict[str, Any]:
         body["attributes"] = {k: device.attributes[k].to_api() for k in sorted(device.attributes)}
     if device.capacity:
         body["capacity"] = {k: {"value": device.capacity[k]} for k in sorted(device.capacity)}
+    if device.sharing is not None:
+        body["allowMultipleAllocations"] = True
+        body["capacity"]["memory"]["requestPolicy"] = device.sharing.memory.to_api()
     if device.taints:
         body["taints"] = [t.to_api() for t in device.taints]
     if device.consumes:

@@ -19,13 +19,16 @@ File format (version ``v1``)::
      "data": {"claims": [{"uid": ..., "namespace": ..., "name": ...,
                           "devices": [{"request_names": [...], "pool": ..., "device": ...,
                                        "cdi_device_ids": [...],
+                                       "share_id": ...,                (optional)
                                        "mig_instance": {...}}],        (optional)
                           "cdi_spec": {<CDI spec>} or null}]}}
 
-``mig_instance`` (only for a MIG partition whose instance the agent created): ``{"parent":
-"gpu-0", "profile": "3g.20gb", "start": 4, "gpu_instance": 1, "compute_instance": 0, "uuid":
-"MIG-..."}`` — enough to destroy it at unprepare and to create it again after a reboot. It is
-optional within ``v1``: agents from before it read such a file and ignore the key.
+``share_id`` (only for a share of a device several claims hold at once) is the allocation's
+``shareID``. ``mig_instance`` (only for a MIG partition whose instance the agent created):
+``{"parent": "gpu-0", "profile": "3g.20gb", "start": 4, "gpu_instance": 1,
+"compute_instance": 0, "uuid": "MIG-..."}``, enough to destroy it at unprepare and to create
+it again after a reboot. Both are optional within ``v1``: older agents read such a file and
+ignore the keys.
 
 Canonical JSON = keys sorted, no whitespace, ASCII only. The checksum catches a file that is
 complete JSON but not what we wrote (a torn write on a file system without atomic rename, a
@@ -96,6 +99,8 @@ class PreparedDevice:
     cdi_device_ids: tuple[str, ...]
     mig_instance: model.MigInstance | None = None
     """The MIG instance created for this device (a MIG partition), destroyed at unprepare."""
+    share_id: str | None = None
+    """The allocation's share of a device several claims hold at once; None: whole."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +171,12 @@ def record_claim(
             request_names=(a.base_request,),
             pool=a.pool,
             device=a.device,
-            cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.device),),
+            cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.key),),
             mig_instance=instances.get(a.device),
+            share_id=a.share_id,
         )
         for a in allocated
-        if cdi.cdi_device_name(uid, a.device) in in_spec
+        if cdi.cdi_device_name(uid, a.key) in in_spec
     )
     return PreparedClaim(uid, namespace, name, devices, spec)
 
@@ -241,6 +247,7 @@ class _DeviceRecord(TypedDict):
 
 class DeviceRecord(_DeviceRecord, total=False):
     mig_instance: MigInstanceRecord
+    share_id: str
 
 
 class ClaimRecord(TypedDict):
@@ -295,6 +302,8 @@ def _device_record(device: PreparedDevice) -> DeviceRecord:
         "device": device.device,
         "cdi_device_ids": list(device.cdi_device_ids),
     }
+    if device.share_id is not None:
+        record["share_id"] = device.share_id
     instance = device.mig_instance
     if instance is not None:
         record["mig_instance"] = {
@@ -514,6 +523,7 @@ def _claim(record: dict[str, Any], where: str) -> PreparedClaim:
 
 def _device(record: dict[str, Any], where: str) -> PreparedDevice:
     instance = record.get("mig_instance")
+    share = record.get("share_id")
     return PreparedDevice(
         request_names=_strings(_key(record, "request_names", where), f"{where}.request_names"),
         pool=_string(_key(record, "pool", where), f"{where}.pool"),
@@ -522,6 +532,7 @@ def _device(record: dict[str, Any], where: str) -> PreparedDevice:
         mig_instance=None
         if instance is None
         else _mig_instance(_object(instance, f"{where}.mig_instance"), f"{where}.mig_instance"),
+        share_id=None if share is None else _string(share, f"{where}.share_id"),
     )
 
 

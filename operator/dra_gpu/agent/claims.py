@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NewType
 
+from dra_gpu.devices import model
+
 ClaimUID = NewType("ClaimUID", str)
 
 
@@ -49,11 +51,24 @@ class AllocatedDevice:
     admin_access: bool = False
     """The result's ``adminAccess``: the device is shared with whoever else holds it (a
     monitoring claim), so the agent must not configure it for this claim alone."""
+    share_id: str | None = None
+    """The result's ``shareID``: this claim's share of a device several claims hold at once
+    (``allowMultipleAllocations``); None for a device allocated whole."""
+    consumed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The result's ``consumedCapacity``: how much of the device's capacity the share takes
+    (``{"memory": "8Gi"}``)."""
 
     @property
     def base_request(self) -> str:
         """The top-level request name, which containers reference (never ``gpu/large``)."""
         return self.request.split("/", 1)[0]
+
+    @property
+    def key(self) -> str:
+        """What names this device within the claim (its CDI device, its record): the device,
+        or for a share, the device and the share ID, as one claim may hold two shares of one
+        device."""
+        return self.device if self.share_id is None else f"{self.device}-{self.share_id}"
 
 
 ADMIN_ACCESS_ENV = "DRA_GPU_ADMIN_ACCESS"
@@ -64,6 +79,27 @@ is a monitoring view of a device that others may be using at the same time."""
 
 def admin_access_env(device: AllocatedDevice) -> dict[str, str]:
     return {ADMIN_ACCESS_ENV: "true"} if device.admin_access else {}
+
+
+SHARING_ENV = "DRA_GPU_SHARING_STRATEGY"
+MEMORY_LIMIT_ENV = "DRA_GPU_MEMORY_LIMIT"
+SHARE_ID_ENV = "DRA_GPU_SHARE_ID"
+MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def share_env(device: AllocatedDevice, sharing: model.Sharing | None) -> dict[str, str]:
+    """What a container given a share of a shared GPU is told: the sharing mode, its memory
+    share (``consumedCapacity``, else the policy's default) and share ID; under MPS also the
+    pinned-memory limit the MPS server enforces, for the container's first GPU (``0=<MiB>M``).
+    Nothing for a device allocated whole."""
+    if sharing is None or device.share_id is None:
+        return {}
+    share = device.consumed.get("memory", sharing.memory.default)
+    env = {SHARING_ENV: sharing.mode, MEMORY_LIMIT_ENV: share, SHARE_ID_ENV: device.share_id}
+    if sharing.mode == "MPS":
+        mib = int(model.parse_quantity(share)) // 2**20
+        env[MPS_MEMORY_LIMIT_ENV] = f"0={mib}M"
+    return env
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -118,7 +154,14 @@ def allocated_devices(
             f"ResourceClaim {ref}: devices {', '.join(foreign)} are not in pool {pool} of this node"
         )
     return [
-        AllocatedDevice(r["request"], r["pool"], r["device"], r.get("adminAccess") is True)
+        AllocatedDevice(
+            r["request"],
+            r["pool"],
+            r["device"],
+            r.get("adminAccess") is True,
+            share_id=r.get("shareID") or None,
+            consumed={k: str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+        )
         for r in ours
     ]
 
@@ -164,13 +207,16 @@ def device_status(
     data: Mapping[str, Any],
     now: datetime.datetime,
     health: Mapping[str, Any] | None = None,
+    share_id: str | None = None,
 ) -> dict[str, Any]:
     """One ``status.devices`` entry of ours: the device is configured and ready to use, and
-    (once its health is known) whether it is healthy (``health_condition``)."""
-    entry = {
+    (once its health is known) whether it is healthy (``health_condition``). A share's entry
+    carries its ``shareID`` (part of the list's key: driver, pool, device, shareID)."""
+    entry: dict[str, Any] = {
         "driver": driver,
         "pool": pool,
         "device": device,
+        **({"shareID": share_id} if share_id else {}),
         "conditions": [
             {
                 "type": "Ready",

@@ -74,6 +74,10 @@ class SlicePublisher:
         """False once the API server dropped the counters we wrote (``DRAPartitionableDevices``
         off: Kubernetes 1.35, or a gate turned off): partitioned GPUs are then published whole
         only, so nothing can be allocated twice."""
+        self.sharing_supported = True
+        """False once the API server dropped ``allowMultipleAllocations`` (consumable capacity,
+        ``DRAConsumableCapacity`` off: Kubernetes 1.35): shared GPUs are then published
+        exclusive, so no claim is promised a share the scheduler cannot keep."""
         self.taints_supported = True
         """False once the API server dropped the taints we wrote (``DRADeviceTaints`` off:
         Kubernetes 1.35, or a gate turned off): tainted devices are then left out instead."""
@@ -141,6 +145,8 @@ class SlicePublisher:
         me = self.me
         if not self.partitions_supported:
             inventory = inventory.without_partitions()
+        if not self.sharing_supported:
+            inventory = inventory.without_sharing()
         devices = self._tainted(inventory.devices)
         sets = inventory.counter_sets
         wanted = slices.build_slices(
@@ -168,6 +174,15 @@ class SlicePublisher:
                 "the API server dropped the shared counters of node %s's slices (feature gate "
                 "DRAPartitionableDevices is off: Kubernetes 1.35, or disabled): publishing "
                 "partitioned GPUs (MIG) whole only, without their partitions",
+                self.node,
+            )
+            self.trigger()
+        if self.sharing_supported and _shared_count(written) < _shared_count(wanted):
+            self.sharing_supported = False
+            log.error(
+                "the API server dropped allowMultipleAllocations from node %s's slices (feature "
+                "gate DRAConsumableCapacity is off: Kubernetes 1.35, or disabled): publishing "
+                "shared GPUs exclusive, one claim each",
                 self.node,
             )
             self.trigger()
@@ -323,6 +338,16 @@ def _is_ours(body: dict[str, Any]) -> bool:
 
 def _counter_sets(bodies: list[Any]) -> int:
     return sum(len((b.get("spec") or {}).get("sharedCounters") or ()) for b in bodies)
+
+
+def _shared_count(bodies: list[Any]) -> int:
+    return sum(
+        1
+        for b in bodies
+        if isinstance(b, dict)
+        for d in (b.get("spec") or {}).get("devices") or ()
+        if d.get("allowMultipleAllocations")
+    )
 
 
 def _taint_count(bodies: list[Any]) -> int:

@@ -97,12 +97,14 @@ async def _prepare(
             entry.error = result.message
             continue
         for d in result.devices:
-            entry.devices.add(
+            device = entry.devices.add(
                 request_names=list(d.request_names),
                 pool_name=d.pool,
                 device_name=d.device,
                 cdi_device_ids=list(d.cdi_device_ids),
             )
+            if d.share_id is not None and isinstance(device, v1.Device):
+                device.share_id = d.share_id  # v1beta1 has no share_id (no shares before v1)
     return response
 
 

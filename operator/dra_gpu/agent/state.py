@@ -90,6 +90,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Prepared:
     def of(cls, record: checkpoint.PreparedClaim) -> Prepared:
         return cls(
             tuple(
-                PreparedDevice(d.request_names, d.pool, d.device, d.cdi_device_ids)
+                PreparedDevice(d.request_names, d.pool, d.device, d.cdi_device_ids, d.share_id)
                 for d in record.devices
             )
         )
@@ -409,9 +410,10 @@ class DeviceState:
                 env = {
                     **self._container_env(position, device),
                     **configs[alloc.request].container_env(),
+                    **claims.share_env(alloc, device.sharing),
                     **claims.admin_access_env(alloc),
                 }
-                spec_devices.append((alloc.device, env))
+                spec_devices.append((alloc.key, env))
             spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
             record = checkpoint.record_claim(
                 self.driver, ref.uid, ref.namespace, ref.name, allocated, spec, instances
@@ -542,9 +544,14 @@ class DeviceState:
             }
             if alloc.admin_access:
                 data["adminAccess"] = True
+            if alloc.share_id is not None and device.sharing is not None:
+                data["sharing"] = device.sharing.mode
+                data["memoryShare"] = alloc.consumed.get("memory", device.sharing.memory.default)
             health = self._health.get(alloc.device) if alloc.pool == self.node else None
             entries.append(
-                claims.device_status(self.driver, alloc.pool, alloc.device, data, now, health)
+                claims.device_status(
+                    self.driver, alloc.pool, alloc.device, data, now, health, alloc.share_id
+                )
             )
         return entries
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from dra_gpu import quantities, semvers
 from dra_gpu.devices.health import Fault, Taint
@@ -187,6 +187,102 @@ AttributeValue = IntValue | BoolValue | StringValue | VersionValue
 """Exactly one of the API's DeviceAttribute value fields, chosen by the type."""
 
 
+# --- sharing -------------------------------------------------------------------------------------
+
+SHARING_MODES = ("TimeSlicing", "MPS")
+"""How the containers sharing a GPU run on it: taking turns, or side by side under MPS (with a
+pinned-memory limit each)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPolicy:
+    """How much of a shared device's ``memory`` one allocation takes (the capacity's
+    ``requestPolicy``): ``default`` when the request names none; a request is rounded up to
+    ``min`` + n * ``step`` and refused above ``max``. Quantity strings; checked against the
+    device's memory as the API server checks them (``Device``)."""
+
+    default: str
+    min: str
+    max: str | None = None
+    step: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        valid: dict[str, str] = {"min": self.min}
+        if self.max is not None:
+            valid["max"] = self.max
+        if self.step is not None:
+            valid["step"] = self.step
+        return {"default": self.default, "validRange": valid}
+
+    def share(self, requested: int | None) -> int | None:
+        """The bytes one allocation requesting ``requested`` (None: nothing named) takes, as
+        the scheduler rounds it; None if the policy refuses it."""
+        low = int(parse_quantity(self.min))
+        amount = int(parse_quantity(self.default)) if requested is None else max(requested, low)
+        if self.step is not None:
+            step = int(parse_quantity(self.step))
+            amount = low + -(-(amount - low) // step) * step
+        if self.max is not None and amount > int(parse_quantity(self.max)):
+            return None
+        return amount
+
+    def check(self, capacity: int) -> None:
+        """The API server's rules for a ``validRange`` policy on a capacity of ``capacity``
+        bytes; InventoryError naming the field."""
+        values = {}
+        for name in ("default", "min", "max", "step"):
+            text = getattr(self, name)
+            if text is None:
+                continue
+            try:
+                values[name] = parse_quantity(text)
+            except InventoryError as err:
+                raise InventoryError(f"{name}: {err}") from None
+            if values[name] < 0 or values[name].denominator != 1:
+                raise InventoryError(f"{name}: {text} is not a whole number of bytes")
+        default, low = values["default"], values["min"]
+        total = format_bytes(capacity)
+        high, step = values.get("max"), values.get("step")
+        if low > capacity:
+            raise InventoryError(f"min: {self.min} is more than the memory ({total})")
+        if default < low:
+            raise InventoryError(f"default: {self.default} is less than min {self.min}")
+        if high is not None:
+            if high > capacity:
+                raise InventoryError(f"max: {self.max} is more than the memory ({total})")
+            if high < low:
+                raise InventoryError(f"max: {self.max} is less than min {self.min}")
+            if default > high:
+                raise InventoryError(f"default: {self.default} is more than max {self.max}")
+        if step is not None:
+            if step <= 0:
+                raise InventoryError(f"step: {self.step} must be more than zero")
+            if low + step > capacity:
+                raise InventoryError(
+                    f"step: min + step ({self.min} + {self.step}) is more than the memory ({total})"
+                )
+            for name, value in (("default", default), ("max", high)):
+                if value is not None and (value - low) % step:
+                    raise InventoryError(
+                        f"{name}: {getattr(self, name)} is not min {self.min} plus a whole "
+                        f"number of steps of {self.step}"
+                    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+    """A GPU that several claims may hold at once (``allowMultipleAllocations``), each with a
+    share of its memory (consumable capacity, ``DRAConsumableCapacity``)."""
+
+    mode: str
+    """One of ``SHARING_MODES``."""
+    memory: MemoryPolicy
+
+    def __post_init__(self) -> None:
+        if self.mode not in SHARING_MODES:
+            raise InventoryError(f"mode: {self.mode!r} is not one of {', '.join(SHARING_MODES)}")
+
+
 # --- devices and inventories ---------------------------------------------------------------------
 
 
@@ -211,9 +307,19 @@ class Device:
     (``consumesCounters``): how a GPU's partitions exclude each other and the whole GPU."""
     partition_of: str | None = None
     """The name of the whole-GPU device this one is a partition of (a MIG placement)."""
+    sharing: Sharing | None = None
+    """Set for a GPU offered to several claims at once, each with a share of its memory."""
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
+        if self.sharing is not None:
+            memory = self.capacity.get("memory")
+            if memory is None:
+                raise InventoryError(f"{where}: a shared device needs a memory capacity")
+            try:
+                self.sharing.memory.check(int(parse_quantity(memory)))
+            except InventoryError as err:
+                raise InventoryError(f"{where}: sharing.memory.{err}") from None
         if len(self.consumes) > MAX_CONSUMPTIONS_PER_DEVICE:
             raise InventoryError(
                 f"{where}: consumes from {len(self.consumes)} counter sets; "
@@ -356,6 +462,13 @@ class Inventory:
             dataclasses.replace(d, consumes={}) for d in self.devices if d.partition_of is None
         )
         return Inventory(self.node, whole)
+
+    def without_sharing(self) -> Inventory:
+        """Every device exclusive: what an API server without consumable capacity
+        (DRAConsumableCapacity off: Kubernetes 1.35) can allocate safely."""
+        return dataclasses.replace(
+            self, devices=tuple(dataclasses.replace(d, sharing=None) for d in self.devices)
+        )
 
     def by_name(self) -> dict[str, Device]:
         return {d.name: d for d in self.devices}

@@ -19,12 +19,24 @@ talks to Kubernetes. The format::
 
 Device fields: name, count, uuid, pciBusID, memory, productName, brand, architecture,
 cudaComputeCapability, driverVersion, cudaDriverVersion (versions as quoted strings, e.g. "9.0";
-``cudaDriverVersion: null`` leaves it out), migCapable, healthy, mig. UUIDs default to a value
-derived from node and device name, so a restarted agent publishes the same ones.
+``cudaDriverVersion: null`` leaves it out), migCapable, healthy, mig, sharing. UUIDs default to a
+value derived from node and device name, so a restarted agent publishes the same ones.
 
 ``mig: A100-40GB`` or ``mig: H100-80GB`` publishes the GPU MIG-partitioned (``devices.mig``):
 the whole GPU and every MIG placement of that model, consuming the GPU's counters. Such a GPU
 is ``migCapable``, and its ``memory`` must be the model's (40Gi, 80Gi).
+
+``sharing`` offers the GPU to several claims at once, each with a share of its memory
+(``allowMultipleAllocations`` and a ``requestPolicy`` on ``memory``; Kubernetes 1.36+)::
+
+    sharing:
+      mode: TimeSlicing       # or MPS (each container gets a pinned-memory limit); default
+                              # TimeSlicing
+      memory: {default: 8Gi, min: 4Gi, step: 2Gi, max: 40Gi}   # default and min required
+
+The values must be what the API server accepts for that GPU's memory (min and max within it,
+default within [min, max], default and max min plus whole steps); a GPU with ``mig`` cannot
+also be shared.
 
 Simulated MIG instances (``model.MigInstances``): the GPU instances that exist now are the
 "hardware" state of the simulated GPUs, kept in ``<hardware dir>/<node>-mig-instances.json``.
@@ -393,8 +405,15 @@ class _Parser:
                         f"{device.name!r} is already used by {first_use[device.name]}",
                     )
                 first_use[device.name] = entry_path
-                devices.append(device)
                 table = {**defaults, **fields}.get("mig")
+                sharing = {**defaults, **fields}.get("sharing")
+                if table is not None and sharing is not None:
+                    raise self.error(
+                        f"{entry_path}.sharing", "a GPU with mig cannot also be shared"
+                    )
+                if sharing is not None:
+                    device = self.shared(device, sharing, entry_path)
+                devices.append(device)
                 if table is not None:
                     tables[device.name] = self.mig_table(device, table, entry_path)
         return tuple(devices)
@@ -431,7 +450,41 @@ class _Parser:
             )
         return table
 
+    def shared(self, device: model.Device, sharing: model.Sharing, path: str) -> model.Device:
+        memory = device.memory_bytes
+        assert memory is not None  # required above
+        try:
+            sharing.memory.check(memory)
+        except model.InventoryError as err:
+            field, _, message = str(err).partition(": ")
+            raise self.error(f"{path}.sharing.memory.{field}", message) from None
+        return dataclasses.replace(device, sharing=sharing)
+
+    def sharing(self, value: object, path: str) -> model.Sharing:
+        block = self.mapping(value, path, {"mode", "memory"})
+        mode = block.get("mode", "TimeSlicing")
+        if mode not in model.SHARING_MODES:
+            raise self.error(
+                f"{path}.mode", f"{mode!r} is not one of {', '.join(model.SHARING_MODES)}"
+            )
+        if "memory" not in block:
+            raise self.error(f"{path}.memory", "required (default and min at least)")
+        memory = self.mapping(block["memory"], f"{path}.memory", {"default", "min", "max", "step"})
+        values: dict[str, str] = {}
+        for key in ("default", "min"):
+            if key not in memory:
+                raise self.error(f"{path}.memory.{key}", "required")
+        for key, raw in memory.items():
+            try:
+                quantity = _memory(raw)
+                values[key] = model.format_bytes(int(model.parse_quantity(quantity)))
+            except (model.InventoryError, ValueError) as err:
+                raise self.error(f"{path}.memory.{key}", str(err)) from None
+        return model.Sharing(mode, model.MemoryPolicy(**values))
+
     def field(self, key: str, value: object, path: str) -> Any:
+        if key == "sharing":
+            return self.sharing(value, path)
         try:
             return _FIELDS[key](value)
         except model.InventoryError as err:
@@ -526,6 +579,7 @@ _FIELDS: dict[str, Callable[[object], Any]] = {
     "migCapable": _bool,
     "healthy": _bool,
     "mig": _mig,
+    "sharing": lambda value: value,  # parsed by _Parser.sharing, which names the nested field
 }
 
 
