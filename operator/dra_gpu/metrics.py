@@ -147,6 +147,34 @@ MEMORY = Gauge(
     ["node", "state"],
     registry=CONTROLLER,
 )
+COUNTERS = Gauge(
+    "dra_gpu_counters",
+    "Counters of our partitioned devices' counter sets (sharedCounters), by node, counter set, "
+    "counter and state (used by allocated devices, free); counters alike add up "
+    "(memory-slice-0..7 as memory-slice).",
+    ["node", "counter_set", "counter", "state"],
+    registry=CONTROLLER,
+)
+PARTITIONS_ALLOCATED = Gauge(
+    "dra_gpu_partitions_allocated",
+    "Allocated devices of our driver that consume a counter set (MIG partitions, or the whole "
+    "GPU), by node and counter set.",
+    ["node", "counter_set"],
+    registry=CONTROLLER,
+)
+SHARED_MEMORY = Gauge(
+    "dra_gpu_shared_memory_bytes",
+    "Memory capacity of our shared devices (allowMultipleAllocations), by node, device and "
+    "state (published, used by the shares held, free).",
+    ["node", "device", "state"],
+    registry=CONTROLLER,
+)
+SHARES = Gauge(
+    "dra_gpu_shares",
+    "Shares held of each of our shared devices (allocation results with a shareID).",
+    ["node", "device"],
+    registry=CONTROLLER,
+)
 CLAIMS = Gauge(
     "dra_gpu_claims",
     "ResourceClaims by state: pending (not allocated), allocated (not reserved), reserved.",

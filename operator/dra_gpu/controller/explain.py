@@ -20,6 +20,13 @@ in order, per selector list their outcomes) until a pool changes and builds a ``
 over its view's indexes, and calls ``explain`` for the claims whose inputs changed. Requests
 alike (same request, same pod constraints, same classes) share one check within a World.
 
+Partitions and shares (``partitions``): a device whose counters the allocated partitions used
+up, or a shared device without room for the request's share, is not free; the message says
+which counters of which set are short and who holds them, or how much of the shared capacity
+is left ("node-01/gpu-0 needs memory-slice 8 of gpu-0-counters, 4 free (held by ns/a)",
+"node-01/gpu-1 shared: 30Gi of 80Gi memory free, the request asks 40Gi"). Claims in that
+situation are explained as ``DevicesAllocated``: other claims hold what the device needs.
+
 ``Reason`` lists the vocabulary in order of importance: when several requests miss pieces,
 the claim's message names the most important first (class > selectors > devices published >
 fit > allocation > node > driver).
@@ -36,7 +43,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from typing import Any
 
 from dra_gpu import cel
-from dra_gpu.controller import inventory, selections
+from dra_gpu.controller import inventory, partitions, selections
 from dra_gpu.controller.inventory import DeviceKey
 from dra_gpu.controller.selections import ListKey, Outcome, Selections
 
@@ -85,6 +92,8 @@ class Verdict(enum.StrEnum):
     ERROR = "error"  # a selector failed to evaluate on it
     MISMATCH = "mismatch"  # of the class, but a request selector rules it out
     ALLOCATED = "allocated"  # passes, but another claim holds it
+    COUNTERS = "counters"  # passes, but allocated partitions used up counters it consumes
+    CAPACITY = "capacity"  # passes, a shared device, but its shares leave too little
     TAINTED = "tainted"  # passes, but has a taint the request does not tolerate
     EXCLUDED = "excluded"  # the pod cannot run on its node
     FITS = "fits"
@@ -512,8 +521,10 @@ class Layout:
         self.selections = selections if selections is not None else Selections()
         placed: list[tuple[_Device, inventory.Pool, int]] = []
         incomplete: list[_IncompletePool] = []
+        pools_placed: dict[tuple[str, str], inventory.Pool] = {}
         for pool in sorted(pools, key=lambda p: p.key):
             if pool.complete:
+                pools_placed[pool.key] = pool
                 placed.extend((d, pool, i) for i, d in enumerate(pool.devices))
             else:
                 incomplete.append(
@@ -532,6 +543,12 @@ class Layout:
             sorted(incomplete, key=lambda p: (_natural(p.pool), p.driver))
         )
         self.device_nodes = frozenset(d.node for d in self.devices if d.node)
+        self.pools: dict[tuple[str, str], inventory.Pool] = {
+            pool.key: pool for pool in pools_placed.values()
+        }
+        """The complete pools, by (driver, pool)."""
+        self.special = frozenset(i for i, d in enumerate(self.devices) if d.consumes or d.shared)
+        """Indexes of the devices that consume counters or are shared (``partitions``)."""
         self._outcomes: dict[ListKey, list[Outcome]] = {}
         self._candidates: dict[ListKey, tuple[int, ...]] = {}
 
@@ -585,8 +602,10 @@ class Checks:
 class World:
     """The cluster as each claim's check reads it: built once (per pass), read by every check.
 
-    ``holders`` and ``nodes`` are read as they are when a check runs (the controller passes its
-    view's live indexes and builds a new World for each pass, with ``checks`` kept between).
+    ``holders``, ``nodes`` and ``usage`` (counters and shares in use; by default worked out from
+    ``holders`` over the layout's pools) are read as they are when a check runs (the controller
+    passes its view's live indexes and builds a new World for each pass, with ``checks`` kept
+    between).
     """
 
     def __init__(
@@ -597,9 +616,11 @@ class World:
         slices: Sequence[Body] | Callable[[], Sequence[Body]],
         *,
         checks: Checks | None = None,
+        usage: partitions.Usage | None = None,
     ) -> None:
         self.layout = layout
         self.holders = holders
+        self.usage = usage if usage is not None else partitions.Usage(holders, layout.pools)
         self.nodes = nodes
         self._slices = slices
         self._exclusions: dict[str, _Exclusions] = {}
@@ -636,15 +657,15 @@ class World:
         bound = ((pod or {}).get("spec") or {}).get("nodeName") or None
         if self.holders.involves(name, uid):  # it holds devices itself: its own view
             owners = functools.partial(self.holders.owners_excluding, name=name, uid=uid)
-            return _Scope(
-                self, exclusions, bound, owners, lambda key: bool(owners(key)), None, detail
-            )
+            usage = self.usage.excluding(name, uid)
+            return _Scope(self, exclusions, bound, owners, usage.taken(), usage, None, detail)
         return _Scope(
             self,
             exclusions,
             bound,
             self.holders.owners,
-            self.holders.membership(),
+            self.usage.taken(),
+            self.usage,
             (signature, detail),
             detail,
         )
@@ -708,7 +729,9 @@ class _Scope:
     holders: Callable[[DeviceKey], tuple[str, ...]]
     """Device -> ``ns/name`` of the other claims that hold it (admin access does not count)."""
     held: Callable[[DeviceKey], bool]
-    """Whether another claim holds the device."""
+    """Whether another claim holds the device alone (a shared device's shares do not)."""
+    usage: partitions.Usage
+    """Counters and shares the other claims use."""
     shared: tuple[str, bool] | None
     """How checks of this scope may be shared with other claims'; None: they may not."""
     detail: bool
@@ -973,13 +996,27 @@ _FITS, _PASSING, _FREE = range(3)
 """Which passing devices ``_fitting_nodes`` counts: those that fit, all, those not allocated."""
 
 # What the hot loop finds for each candidate device: small ints, cheap to compare and count.
-_C_ERROR, _C_MISMATCH, _C_EXCLUDED_ERROR, _C_ALLOCATED, _C_TAINTED, _C_EXCLUDED, _C_FITS = range(7)
+(
+    _C_ERROR,
+    _C_MISMATCH,
+    _C_EXCLUDED_ERROR,
+    _C_TOO_SMALL,
+    _C_ALLOCATED,
+    _C_COUNTERS,
+    _C_CAPACITY,
+    _C_TAINTED,
+    _C_EXCLUDED,
+    _C_FITS,
+) = range(10)
 _C_PASSED = _C_ALLOCATED  # this code and those above: every selector accepted the device
 _VERDICT_OF = (
     Verdict.ERROR,
     Verdict.MISMATCH,
     Verdict.EXCLUDED,  # a selector failed with an error, on a node the pod cannot use
+    Verdict.MISMATCH,  # the request's capacity never fits it (``partitions.ShareMiss``)
     Verdict.ALLOCATED,
+    Verdict.COUNTERS,
+    Verdict.CAPACITY,
     Verdict.TAINTED,
     Verdict.EXCLUDED,
     Verdict.FITS,
@@ -1040,6 +1077,7 @@ class _RequestCheck:
         self._tolerations = tuple(
             t for t in spec.get("tolerations") or () if isinstance(t, Mapping)
         )
+        self._capacity = partitions.capacity_requests(spec)
         self._codes = self._check_candidates()
         self.passing = sum(self._local_totals()) + self._anywhere[0]
         self.notes = tuple(p.note for p in scope.world.incomplete if self._may_hold_class(p))
@@ -1058,6 +1096,7 @@ class _RequestCheck:
         held = self.scope.held
         tolerations = self._tolerations
         local, anywhere = self._local, self._anywhere
+        special, capacity, usage = self._layout.special, self._capacity, self.scope.usage
         # Per code: the group it counts in (EXCLUDED has two codes), its count, its first few.
         group_of = [self._groups[v] for v in _VERDICT_OF]
         counts = dict.fromkeys(map(id, group_of), 0)
@@ -1078,16 +1117,27 @@ class _RequestCheck:
             failed = class_outcomes[i]
             if failed is None and request_outcomes is not None:
                 failed = request_outcomes[i]
+            miss = None
+            if failed is None and (capacity is not None or i in special):
+                miss = self._share_miss(device)
             if failed is not None:
                 if failed[1].error is None:
                     code = _C_MISMATCH
                 else:
                     # The scheduler filters the node out first and never evaluates its devices.
                     code = _C_ERROR if excluded is None else _C_EXCLUDED_ERROR
+            elif miss is not None and miss.intrinsic:
+                code = _C_TOO_SMALL
             else:
                 row[0] += 1
                 if held(device.key):
                     code = _C_ALLOCATED
+                    row[2] += 1
+                elif i in special and usage.short(device):
+                    code = _C_COUNTERS
+                    row[2] += 1
+                elif miss is not None:
+                    code = _C_CAPACITY
                     row[2] += 1
                 elif device.taints and _untolerated(device.taints, tolerations):
                     code = _C_TAINTED
@@ -1116,12 +1166,33 @@ class _RequestCheck:
         self._free.first, self._free.count = free_positions, free_count
         return codes
 
+    def _share_miss(self, device: _Device) -> partitions.ShareMiss | None:
+        """Why the request's capacity does not fit ``device`` (None: it does, or the device is
+        not shared and the request asks no capacity)."""
+        if not device.shared and self._capacity is None:
+            return None
+        used = self.scope.usage.consumed(device.key) if device.shared else {}
+        return partitions.check_share(device, self._capacity, used)
+
     def _checked(self, position: int) -> _Checked:
         """The candidate at ``position``, in words."""
         index = self._indexes[position]
         device = self._layout.devices[index]
         code = self._codes[position]
         verdict = _VERDICT_OF[code]
+        usage = self.scope.usage
+        if code in (_C_TOO_SMALL, _C_CAPACITY):
+            miss = self._share_miss(device)
+            assert miss is not None
+            owners = self.scope.holders(device.key) if code == _C_CAPACITY else ()
+            text = partitions.share_text(device.label, miss, owners)
+            return _Checked(device, verdict, code == _C_CAPACITY, text)
+        if code == _C_COUNTERS:
+            short = usage.short(device)
+            owners = usage.counter_holders(device, short)
+            return _Checked(
+                device, verdict, True, partitions.counters_text(device.label, short, owners)
+            )
         if code in (_C_ERROR, _C_MISMATCH):
             failed = self._class_outcomes[index]
             selectors = self.class_selectors
@@ -1188,7 +1259,10 @@ class _RequestCheck:
         if not self._fitting_nodes(_PASSING, respect_exclusion=False):
             reason = Reason.NOT_ENOUGH_DEVICES
         elif not self._fitting_nodes(_FREE, respect_exclusion=False):
-            allocated = self._groups[Verdict.ALLOCATED].count
+            allocated = sum(
+                self._groups[v].count
+                for v in (Verdict.ALLOCATED, Verdict.COUNTERS, Verdict.CAPACITY)
+            )
             tainted = self._groups[Verdict.TAINTED].count
             reason = Reason.DEVICES_TAINTED if tainted > allocated else Reason.DEVICES_ALLOCATED
         else:
@@ -1233,6 +1307,8 @@ class _RequestCheck:
         groups = [
             (self.group(Verdict.MISMATCH), "more do not match"),
             (self.group(Verdict.ALLOCATED), "more are allocated"),
+            (self.group(Verdict.COUNTERS), "more have their counters used up"),
+            (self.group(Verdict.CAPACITY), "more are shared and full"),
             (self.group(Verdict.TAINTED), "more are tainted"),
             (self.group(Verdict.EXCLUDED), "more are on excluded nodes"),
             (self.group(Verdict.FITS), "more fit"),

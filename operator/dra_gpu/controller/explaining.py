@@ -17,7 +17,8 @@ changes:
 - a pool with a device the class does not rule out with a plain "no", before or after the
   change; any incomplete pool (requests mention them); any pool at all while the class has no
   such device (its message then lists devices of other classes) or has node-independent ones;
-- the holders of a device the class admits;
+- the holders of a device the class admits, or of a device that consumes a counter set such a
+  device consumes (a partition taken leaves less of the GPU's counters for the others);
 - a node with a device the class does not rule out; any node while it has node-independent
   devices (they can run on every node).
 
@@ -196,6 +197,8 @@ class Explainer:
         if pool is None or not pool.complete:
             return  # not in the World: nobody sees its holders
         positions = [i for i, d in enumerate(pool.devices) if d.name == device[2]]
+        for counter_set in {s for i in positions for s, _ in pool.devices[i].consumes}:
+            positions.extend(pool.consumers.get(counter_set, ()))
         for name, compiled in self._classes.items():
             outcomes = self.selections.outcomes(compiled, pool)
             if any(selections.admits(outcomes[i]) for i in positions):
@@ -228,6 +231,7 @@ class Explainer:
             view.nodes,
             lambda: list(view.slices.values()),
             checks=self._checks,
+            usage=view.usage,
         )
 
     def stale(self) -> list[tuple[str, list[dict[str, Any]], tuple[Any, ...], bool]]:

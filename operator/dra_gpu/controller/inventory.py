@@ -7,7 +7,14 @@ allocation names it (admin-access results take it from nobody), as the scheduler
 The same readings come in two forms: functions over whole lists (``read_pools``, ``holders``),
 and pieces the controller's view keeps up to date one object at a time (``read_pool`` per pool,
 ``HolderIndex``). A ``PublishedDevice`` lives as long as its slice is unchanged, and carries
-what is worth computing once per slice version: its CEL values, its memory, its sort key.
+what is worth computing once per slice version: its CEL values, its memory, its sort key, the
+counters it consumes and its capacities with their request policies.
+
+Partitions and shares (Kubernetes' partitionable devices and consumable capacity) are read
+here too: a pool's counter sets (``sharedCounters``, in slices of their own or beside devices),
+each device's ``consumesCounters``, ``allowMultipleAllocations`` and capacity ``requestPolicy``;
+per allocated result its ``shareID`` and ``consumedCapacity`` (``HolderIndex``). What those
+allocations leave free is ``partitions``'s business.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from fractions import Fraction
+from typing import Any, Protocol
 
 from dra_gpu import cel
 from dra_gpu.quantities import exact_value
@@ -29,6 +37,69 @@ DeviceKey = tuple[str, str, str]
 
 def result_key(result: Body) -> DeviceKey:
     return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+
+
+def amount(value: object) -> Fraction | None:
+    """A quantity of the API (``"40Gi"``, ``"1"``, or a bare number) exactly; None if unreadable."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return exact_value(str(value))
+    except ValueError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """One capacity of a device, with the request policy a share of it follows.
+
+    Without a policy, a request takes what it asks, and a request that asks nothing takes all
+    of it (the scheduler's ``calculateConsumedCapacity``)."""
+
+    value: Fraction
+    default: Fraction | None = None
+    minimum: Fraction | None = None
+    """``validRange.min`` (a range needs one)."""
+    maximum: Fraction | None = None
+    step: Fraction | None = None
+    valid_values: tuple[Fraction, ...] = ()
+    """``validValues``, in the order published (the API wants them ascending)."""
+
+    @classmethod
+    def read(cls, body: object) -> Capacity | None:
+        if not isinstance(body, Mapping):
+            return None
+        value = amount(body.get("value"))
+        if value is None:
+            return None
+        policy = body.get("requestPolicy")
+        if not isinstance(policy, Mapping):
+            return cls(value)
+        valid = policy.get("validRange")
+        valid = valid if isinstance(valid, Mapping) else {}
+        values = policy.get("validValues")
+        return cls(
+            value,
+            amount(policy.get("default")),
+            amount(valid.get("min")),
+            amount(valid.get("max")),
+            amount(valid.get("step")),
+            tuple(
+                v
+                for v in (amount(x) for x in (values if isinstance(values, list) else ()))
+                if v is not None
+            ),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterSet:
+    """One of a pool's ``sharedCounters``: a physical thing that devices consume parts of."""
+
+    name: str
+    node: str | None
+    """The ``nodeName`` of the slice that publishes it."""
+    counters: Mapping[str, Fraction]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -85,6 +156,40 @@ class PublishedDevice:
         return "NoExecute" if "NoExecute" in effects else ("NoSchedule" if effects else None)
 
     @functools.cached_property
+    def consumes(self) -> tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...]:
+        """``consumesCounters``: (counter set, ((counter, amount), ...)), in published order;
+        an entry that does not read is left out (the API server refuses such a slice)."""
+        found = []
+        for entry in self.body.get("consumesCounters") or ():
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("counters"), Mapping):
+                continue
+            counters = tuple(
+                (str(name), value)
+                for name, counter in entry["counters"].items()
+                if isinstance(counter, Mapping)
+                and (value := amount(counter.get("value"))) is not None
+            )
+            found.append((str(entry.get("counterSet", "")), counters))
+        return tuple(found)
+
+    @functools.cached_property
+    def shared(self) -> bool:
+        """``allowMultipleAllocations``: claims may each hold a share of it at once."""
+        return self.body.get("allowMultipleAllocations") is True
+
+    @functools.cached_property
+    def capacities(self) -> Mapping[str, Capacity]:
+        """Each readable capacity, by its qualified name as published."""
+        raw = self.body.get("capacity")
+        if not isinstance(raw, Mapping):
+            return {}
+        return {
+            str(name): capacity
+            for name, body in raw.items()
+            if (capacity := Capacity.read(body)) is not None
+        }
+
+    @functools.cached_property
     def values(self) -> cel.DeviceValues:
         """The device as CEL selectors see it, checked once."""
         return cel.DeviceValues(self.driver, self.body)
@@ -110,6 +215,40 @@ class Pool:
     counts: tuple[int, ...]
     """``resourceSliceCount`` of each slice at that generation."""
     devices: tuple[PublishedDevice, ...]
+    counter_sets: Mapping[str, CounterSet] = dataclasses.field(default_factory=dict)
+    """The ``sharedCounters`` of its slices at that generation, by name."""
+
+    @functools.cached_property
+    def positions(self) -> Mapping[str, int]:
+        """Device name -> its index in ``devices`` (the first, if a name repeats)."""
+        found: dict[str, int] = {}
+        for index, device in enumerate(self.devices):
+            found.setdefault(device.name, index)
+        return found
+
+    @functools.cached_property
+    def consumers(self) -> Mapping[str, tuple[int, ...]]:
+        """Counter set -> indexes of the devices that consume it."""
+        found: dict[str, list[int]] = {}
+        for index, device in enumerate(self.devices):
+            for name in dict.fromkeys(name for name, _ in device.consumes):
+                found.setdefault(name, []).append(index)
+        return {name: tuple(indexes) for name, indexes in found.items()}
+
+    @functools.cached_property
+    def memory_carriers(self) -> Mapping[str, int]:
+        """Counter set -> the index of the device whose memory stands for the set's in the
+        metrics: the largest of the devices, not shared, that name it first in their
+        ``consumesCounters`` (a partitioned GPU: the whole GPU; its partitions are parts of it)."""
+        found: dict[str, int] = {}
+        for index, device in enumerate(self.devices):
+            if device.shared or not device.consumes:
+                continue
+            first = device.consumes[0][0]
+            best = found.get(first)
+            if best is None or device.memory_bytes > self.devices[best].memory_bytes:
+                found[first] = index
+        return found
 
     @property
     def present(self) -> int:
@@ -181,7 +320,19 @@ def read_pool(driver: str, pool: str, slices: Sequence[Body]) -> Pool:
         for d in s.get("devices") or []
     )
     counts = tuple(_pool_field(s, "resourceSliceCount", 1) for s in current)
-    return Pool(driver, pool, generation, counts, devices)
+    counter_sets: dict[str, CounterSet] = {}
+    for s in current:
+        for raw in s.get("sharedCounters") or ():
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("counters"), Mapping):
+                continue
+            name = str(raw.get("name", ""))
+            counters = {
+                str(counter): value
+                for counter, body in raw["counters"].items()
+                if isinstance(body, Mapping) and (value := amount(body.get("value"))) is not None
+            }
+            counter_sets.setdefault(name, CounterSet(name, s.get("nodeName") or None, counters))
+    return Pool(driver, pool, generation, counts, devices, counter_sets)
 
 
 def _pool_field(spec: Body, field: str, default: int) -> int:
@@ -222,19 +373,68 @@ def held_devices(claim: Body) -> tuple[DeviceKey, ...]:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """What one claim's allocation holds of one device."""
+
+    owner: str
+    """``ns/name`` of the claim."""
+    uid: str
+    exclusive: bool
+    """A result without a ``shareID`` names it: the device is the claim's alone."""
+    shares: int = 0
+    """Results with a ``shareID`` (consumable capacity): shares of a shared device."""
+    consumed: tuple[tuple[str, Fraction], ...] = ()
+    """Those shares' ``consumedCapacity``, summed per capacity, sorted by name."""
+
+
+def holds(claim: Body) -> dict[DeviceKey, Hold]:
+    """What ``claim``'s allocation holds, per device, as the scheduler counts it: admin access
+    holds nothing; a result with a ``shareID`` is a share whose ``consumedCapacity`` adds up;
+    any other result holds the device alone."""
+    meta = claim.get("metadata") or {}
+    owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    uid = str(meta.get("uid") or "")
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    parts: dict[DeviceKey, tuple[bool, int, dict[str, Fraction]]] = {}
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        if result.get("adminAccess"):
+            continue
+        key = result_key(result)
+        exclusive, shares, consumed = parts.get(key, (False, 0, {}))
+        if result.get("shareID"):
+            shares += 1
+            raw = result.get("consumedCapacity")
+            for name, value in raw.items() if isinstance(raw, Mapping) else ():
+                quantity = amount(value)
+                if quantity is not None:
+                    consumed[str(name)] = consumed.get(str(name), Fraction(0)) + quantity
+        else:
+            exclusive = True
+        parts[key] = (exclusive, shares, consumed)
+    return {
+        key: Hold(owner, uid, exclusive, shares, tuple(sorted(consumed.items())))
+        for key, (exclusive, shares, consumed) in parts.items()
+    }
+
+
 class HolderIndex:
-    """``holders`` kept up to date one claim at a time: device -> the claims that hold it.
+    """``holders`` kept up to date one claim at a time: device -> the claims that hold it, and
+    how (``Hold``: alone, or shares with the capacity they consumed).
 
     Each claim is filed under a token of the caller's (the view's key, a list position), so
     two bodies with one name, as a caller's list may hold, stay two holders, as in ``holders``.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[DeviceKey, dict[Hashable, tuple[str, str]]] = {}
+        self._entries: dict[DeviceKey, dict[Hashable, Hold]] = {}
         self._devices: dict[Hashable, tuple[DeviceKey, ...]] = {}
         self._names: collections.Counter[str] = collections.Counter()
         self._uids: collections.Counter[str] = collections.Counter()
         self._owners: dict[DeviceKey, tuple[str, ...]] = {}
+        self._taken: dict[DeviceKey, int] = {}
+        self._by_pool: dict[tuple[str, str], collections.Counter[str]] = {}
+        self._consumed: dict[DeviceKey, Mapping[str, Fraction]] = {}
 
     @classmethod
     def of(cls, claims: Iterable[Body]) -> HolderIndex:
@@ -248,29 +448,43 @@ class HolderIndex:
         may have changed."""
         changed: set[DeviceKey] = set()
         for key in self._devices.pop(token, ()):
-            owner, uid = self._entries[key].pop(token)
+            hold = self._entries[key].pop(token)
             if not self._entries[key]:
                 del self._entries[key]
-            self._owners.pop(key, None)
-            self._names[owner] -= 1
-            self._uids[uid] -= 1
+            self._forget(key)
+            self._names[hold.owner] -= 1
+            self._uids[hold.uid] -= 1
+            if hold.exclusive:
+                self._taken[key] -= 1
+                if not self._taken[key]:
+                    del self._taken[key]
+            held = self._by_pool[key[:2]]
+            held[key[2]] -= 1
+            if not held[key[2]]:
+                del held[key[2]]
+                if not held:
+                    del self._by_pool[key[:2]]
             changed.add(key)
         if claim is None:
             return changed
-        keys = tuple(dict.fromkeys(held_devices(claim)))
-        if not keys:
+        found = holds(claim)
+        if not found:
             return changed
-        meta = claim.get("metadata") or {}
-        owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        uid = str(meta.get("uid") or "")
-        self._devices[token] = keys
-        for key in keys:
-            self._entries.setdefault(key, {})[token] = (owner, uid)
-            self._owners.pop(key, None)
-            self._names[owner] += 1
-            self._uids[uid] += 1
+        self._devices[token] = tuple(found)
+        for key, hold in found.items():
+            self._entries.setdefault(key, {})[token] = hold
+            self._forget(key)
+            self._names[hold.owner] += 1
+            self._uids[hold.uid] += 1
+            if hold.exclusive:
+                self._taken[key] = self._taken.get(key, 0) + 1
+            self._by_pool.setdefault(key[:2], collections.Counter())[key[2]] += 1
             changed.add(key)
         return changed
+
+    def _forget(self, key: DeviceKey) -> None:
+        self._owners.pop(key, None)
+        self._consumed.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
@@ -278,6 +492,11 @@ class HolderIndex:
     def membership(self) -> Callable[[object], bool]:
         """``key in index``, as a function that is quick to call in a loop."""
         return self._entries.__contains__
+
+    def taken(self) -> Callable[[object], bool]:
+        """Whether a claim holds the device alone (a result without a ``shareID``): what the
+        scheduler reads as "in use"; a shared device's shares do not take it."""
+        return self._taken.__contains__
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -289,7 +508,22 @@ class HolderIndex:
             entries = self._entries.get(key)
             if not entries:
                 return ()
-            found = self._owners[key] = tuple(sorted({owner for owner, _ in entries.values()}))
+            found = self._owners[key] = tuple(sorted({h.owner for h in entries.values()}))
+        return found
+
+    def holds_of(self, key: DeviceKey) -> Iterable[Hold]:
+        """How each claim holding ``key`` holds it."""
+        return (self._entries.get(key) or {}).values()
+
+    def held_in(self, pool: tuple[str, str]) -> Iterable[str]:
+        """Names of the devices of (driver, pool) that some claim holds, alone or in shares."""
+        return self._by_pool.get(pool, {}).keys()
+
+    def consumed(self, key: DeviceKey) -> Mapping[str, Fraction]:
+        """Capacity the shares of ``key`` consumed, per capacity name."""
+        found = self._consumed.get(key)
+        if found is None:
+            found = self._consumed[key] = add_consumed(self.holds_of(key))
         return found
 
     def involves(self, name: str, uid: str) -> bool:
@@ -300,8 +534,23 @@ class HolderIndex:
         """``owners`` without the claim looking at its own chances, as ``holders(exclude=)``."""
         entries = self._entries.get(key) or {}
         return tuple(
-            sorted({o for o, u in entries.values() if o != name and not (uid and u == uid)})
+            sorted(
+                {
+                    h.owner
+                    for h in entries.values()
+                    if h.owner != name and not (uid and h.uid == uid)
+                }
+            )
         )
+
+
+def add_consumed(found: Iterable[Hold]) -> dict[str, Fraction]:
+    """The ``consumedCapacity`` of several holds, summed per capacity name."""
+    total: dict[str, Fraction] = {}
+    for hold in found:
+        for name, value in hold.consumed:
+            total[name] = total.get(name, Fraction(0)) + value
+    return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,16 +594,31 @@ class Counts:
     tainted_no_schedule: int = 0
     """Devices whose worst taint is NoSchedule."""
     tainted_no_execute: int = 0
+    free: int = 0
+    """Devices a new claim could get now (``Availability.available``); without partitions and
+    shares, those not allocated."""
 
-    @property
-    def free(self) -> int:
-        return self.published - self.allocated
+
+class Availability(Protocol):
+    """What allocations leave of each device (``partitions.Usage``): the counting rule of the
+    metrics where devices consume counters or are shared."""
+
+    def available(self, device: PublishedDevice) -> bool:
+        """Whether a new claim could get ``device`` now."""
+
+    def memory(self, device: PublishedDevice) -> tuple[int, int]:
+        """The memory bytes ``device`` adds to its node's (published, allocated)."""
 
 
 def per_node(
-    devices: Sequence[PublishedDevice], held: Container[DeviceKey], driver: str
+    devices: Sequence[PublishedDevice],
+    held: Container[DeviceKey],
+    driver: str,
+    usage: Availability | None = None,
 ) -> dict[str, Counts]:
-    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    """Our driver's devices per node: published, allocated (``held``), memory, tainted, free.
+    Without ``usage``, a device is free when not held and counts its memory whole."""
+    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0, 0])
     for device in devices:
         if device.driver != driver:
             continue
@@ -362,8 +626,15 @@ def per_node(
         taken = device.key in held
         row[0] += 1
         row[1] += taken
-        row[2] += device.memory_bytes
-        row[3] += device.memory_bytes if taken else 0
+        if usage is None:
+            row[2] += device.memory_bytes
+            row[3] += device.memory_bytes if taken else 0
+            row[6] += not taken
+        else:
+            memory, memory_allocated = usage.memory(device)
+            row[2] += memory
+            row[3] += memory_allocated
+            row[6] += usage.available(device)
         effect = device.worst_effect
         if effect is not None:
             row[4 if effect == "NoSchedule" else 5] += 1

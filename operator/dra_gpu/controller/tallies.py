@@ -2,13 +2,15 @@
 
 Owns the counts behind the gauges — devices and memory of our driver per node (published,
 allocated, free), devices each DeviceClass admits (published, allocated, free), claims by state,
-pools that are not complete. Every replica keeps them. Each count is a sum of per-pool
-contributions: a change to a pool's slices, or to the holders of one of its devices, recounts
-that pool (a few devices), and an edited class is recounted over every pool once. What it
-counts is what
-``inventory.current_pools`` (complete pools only: ``inventory.Pool.complete``, the rule
-``explain`` uses too), ``inventory.per_node`` and the class
-selectors say, so a recount from scratch gives the same numbers (tests compare the two).
+pools that are not complete, and per partitioned GPU and shared device of our driver the
+counters, partitions, shared memory and shares in use. Every replica keeps them. Each count is
+a sum of per-pool contributions: a change to a pool's slices, or to the holders of one of its
+devices, recounts that pool (a few devices), and an edited class is recounted over every pool
+once. What it counts is what ``inventory.current_pools`` (complete pools only:
+``inventory.Pool.complete``, the rule ``explain`` uses too), ``inventory.per_node`` with
+``partitions.Usage`` (a device is free when a new claim could get it now: not held, its
+counters not used up, a shared device with room for a share) and the class selectors say, so a
+recount from scratch gives the same numbers (tests compare the two).
 
 Must not: read the API or post anything; it sets gauges and reads the view.
 """
@@ -18,21 +20,26 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
 from typing import Any
 
 from dra_gpu import cel, metrics
-from dra_gpu.controller import inventory, selections
+from dra_gpu.controller import inventory, partitions, selections
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.view import Changes, ClusterView, PoolKey
 
 log = logging.getLogger(__name__)
 
-NodeRow = tuple[int, int, int, int, int, int]
+NodeRow = tuple[int, int, int, int, int, int, int]
 """published, allocated, memory bytes, memory bytes allocated, tainted NoSchedule (only),
-tainted NoExecute."""
+tainted NoExecute, free."""
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
-ClassRow = tuple[int, int, int]
-"""devices of our driver admitted, those allocated, devices of any driver admitted."""
+ClassRow = tuple[int, int, int, int]
+"""devices of our driver admitted, those allocated, devices of any driver admitted, devices of
+our driver admitted and free."""
+Series = dict[tuple[Any, tuple[str, ...]], float]
+"""(gauge, its labels) -> value: a pool's series of the per-counter-set and per-shared-device
+gauges."""
 
 
 def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]:
@@ -58,6 +65,8 @@ class Tally:
         """Pools (every driver) that are not complete (``inventory.Pool.complete``)."""
         self._pool_nodes: dict[PoolKey, dict[str, NodeRow]] = {}
         self._pool_classes: dict[PoolKey, dict[str, ClassRow]] = {}
+        self.series: dict[PoolKey, Series] = {}
+        """Per pool of our driver: its counter sets' and shared devices' series."""
 
     # ---- updating ------------------------------------------------------------------------
 
@@ -84,14 +93,14 @@ class Tally:
             self.admitted.pop(name, None)
             return
         compiled = self.classes[name] = class_selectors(body)
-        totals = [0, 0, 0]
+        totals = [0, 0, 0, 0]
         for key, pool in view.pools.items():
             if not pool.complete:
                 continue
             row = self._class_row(view, compiled, pool)
             if any(row):
                 self._pool_classes.setdefault(key, {})[name] = row
-                for i in range(3):
+                for i in range(4):
                     totals[i] += row[i]
         self.admitted[name] = totals
 
@@ -105,15 +114,29 @@ class Tally:
             self.problems[key] = problem
         node_rows: dict[str, NodeRow] = {}
         class_rows: dict[str, ClassRow] = {}
+        series: Series = {}
         if pool is not None and pool.complete:
             node_rows = self._node_rows(view, pool)
             for name, compiled in self.classes.items():
                 row = self._class_row(view, compiled, pool)
                 if any(row):
                     class_rows[name] = row
-        nodes = self._replace(self.nodes, self._pool_nodes, key, node_rows, 6)
-        classes = self._replace(self.admitted, self._pool_classes, key, class_rows, 3)
+            if pool.driver == self.driver:
+                series = pool_series(view.usage, pool)
+        self._replace_series(key, series)
+        nodes = self._replace(self.nodes, self._pool_nodes, key, node_rows, 7)
+        classes = self._replace(self.admitted, self._pool_classes, key, class_rows, 4)
         return nodes, classes
+
+    def _replace_series(self, key: PoolKey, series: Series) -> None:
+        old = self.series.pop(key, {})
+        if series:
+            self.series[key] = series
+        for (gauge, labels), value in series.items():
+            if old.get((gauge, labels)) != value:
+                gauge.labels(*labels).set(value)
+        for gauge, labels in old.keys() - series.keys():
+            _remove(gauge, *labels)
 
     @staticmethod
     def _replace(
@@ -139,7 +162,7 @@ class Tally:
 
     def _node_rows(self, view: ClusterView, pool: inventory.Pool) -> dict[str, NodeRow]:
         """The pool's share of each node's counts (the same rule as a full count)."""
-        counts = inventory.per_node(pool.devices, view.holders, self.driver)
+        counts = inventory.per_node(pool.devices, view.holders, self.driver, view.usage)
         return {
             node: (
                 c.published,
@@ -148,6 +171,7 @@ class Tally:
                 c.memory_allocated,
                 c.tainted_no_schedule,
                 c.tainted_no_execute,
+                c.free,
             )
             for node, c in counts.items()
         }
@@ -157,7 +181,8 @@ class Tally:
     ) -> ClassRow:
         outcomes = self.selections.outcomes(compiled, pool)
         ours = pool.driver == self.driver
-        admitted = allocated = anywhere = 0
+        admitted = allocated = anywhere = free = 0
+        available = view.usage.available
         for device, outcome in zip(pool.devices, outcomes, strict=True):
             if not selections.admits(outcome):
                 continue
@@ -165,11 +190,12 @@ class Tally:
             if ours:
                 admitted += 1
                 allocated += device.key in view.holders
-        return admitted, allocated, anywhere
+                free += available(device)
+        return admitted, allocated, anywhere, free
 
     def _set_gauges(self, nodes: Iterable[str], classes: Iterable[str], view: ClusterView) -> None:
         for node in nodes:
-            published, allocated, memory, memory_allocated, *tainted = self.nodes[node]
+            published, allocated, memory, memory_allocated, *tainted, free = self.nodes[node]
             if published == 0:  # no device of ours on it any more: drop its series
                 del self.nodes[node]
                 for state in ("published", "allocated", "free"):
@@ -182,7 +208,7 @@ class Tally:
                 metrics.TAINTED_DEVICES.labels(node, effect).set(count)
             metrics.DEVICES.labels(node, "published").set(published)
             metrics.DEVICES.labels(node, "allocated").set(allocated)
-            metrics.DEVICES.labels(node, "free").set(published - allocated)
+            metrics.DEVICES.labels(node, "free").set(free)
             metrics.MEMORY.labels(node, "published").set(memory)
             metrics.MEMORY.labels(node, "allocated").set(memory_allocated)
             metrics.MEMORY.labels(node, "free").set(memory - memory_allocated)
@@ -194,7 +220,7 @@ class Tally:
                 continue
             metrics.CLASS_DEVICES.labels(name, "published").set(counts[0])
             metrics.CLASS_DEVICES.labels(name, "allocated").set(counts[1])
-            metrics.CLASS_DEVICES.labels(name, "free").set(counts[0] - counts[1])
+            metrics.CLASS_DEVICES.labels(name, "free").set(counts[3])
         for state in ("pending", "allocated", "reserved"):
             metrics.CLAIMS.labels(state).set(view.claim_states[state])
         metrics.INCONSISTENT_POOLS.set(sum(p.driver == self.driver for p in self.problems.values()))
@@ -203,3 +229,33 @@ class Tally:
 def _remove(gauge: Any, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set
         gauge.remove(*labels)
+
+
+def pool_series(usage: partitions.Usage, pool: inventory.Pool) -> Series:
+    """The series of one complete pool of our driver: per counter set, each counter family used
+    and free and the devices allocated from it; per shared device, its memory and shares."""
+    found: Series = {}
+    if pool.counter_sets:
+        used = usage.pool(pool.key)
+        for name, counter_set in pool.counter_sets.items():
+            node = counter_set.node or pool.pool
+            families: dict[str, list[Fraction]] = {}
+            for counter, value in counter_set.counters.items():
+                taken = used.used.get(name, {}).get(counter, Fraction(0))
+                row = families.setdefault(partitions.family(counter), [Fraction(0), Fraction(0)])
+                row[0] += taken
+                row[1] += max(value - taken, Fraction(0))
+            for counter, (taken, free) in families.items():
+                found[(metrics.COUNTERS, (node, name, counter, "used"))] = float(taken)
+                found[(metrics.COUNTERS, (node, name, counter, "free"))] = float(free)
+            found[(metrics.PARTITIONS_ALLOCATED, (node, name))] = used.allocated.get(name, 0)
+    for device in pool.devices:
+        if not device.shared:
+            continue
+        node = device.node or pool.pool
+        published, allocated = usage.memory(device)
+        found[(metrics.SHARED_MEMORY, (node, device.name, "published"))] = published
+        found[(metrics.SHARED_MEMORY, (node, device.name, "used"))] = allocated
+        found[(metrics.SHARED_MEMORY, (node, device.name, "free"))] = published - allocated
+        found[(metrics.SHARES, (node, device.name))] = usage.shares(device.key)
+    return found

@@ -10,8 +10,10 @@ skip the Pods that use no claim (most Pods of a cluster) altogether.
 ``apply`` keeps the indexes the controller's jobs read instead of scanning: pods by the claims
 they use, pending claims, claims by state, devices by holder (``inventory.HolderIndex``), each
 pool at its newest generation (``inventory.Pool``, rebuilt only when one of its slices changes),
-the pools with devices on each node. It also notes what changed (``take_changes``), so a pass
-costs what changed, not what exists. Pure: no I/O, no clock.
+the pools with devices on each node, and what allocations use of each pool's counter sets and
+shared devices (``partitions.Usage``, worked out again for a pool when it or its holders
+change). It also notes what changed (``take_changes``), so a pass costs what changed, not what
+exists. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dra_gpu.controller import explain, inventory
+from dra_gpu.controller import explain, inventory, partitions
 
 Body = dict[str, Any]
 KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node")
@@ -176,6 +178,8 @@ class ClusterView:
         self._pool_slices: dict[PoolKey, set[str]] = {}
         self.pools: dict[PoolKey, inventory.Pool] = {}
         """Every (driver, pool) at its newest generation."""
+        self.usage = partitions.Usage(self.holders, self.pools)
+        """Counters and shares the allocations use, per pool."""
         self._pools_on_node: dict[str, set[PoolKey]] = {}
         self.prepare_failures: dict[str, explain.PrepareFailure] = {}
         """Pod key -> the kubelet's latest prepare failure on it (``set_prepare_failure``)."""
@@ -317,7 +321,9 @@ class ClusterView:
             self.claim_states[state] += 1
             if state == "pending":
                 self._pending.add(name)
-        self._changes.held |= self.holders.put(name, new)
+        held = self.holders.put(name, new)
+        self.usage.forget({(driver, pool) for driver, pool, _ in held})
+        self._changes.held |= held
         self._changes.claims.add(name)
 
     def _slice_changed(self, name: str, old: Body | None, new: Body | None) -> None:
@@ -339,6 +345,7 @@ class ClusterView:
 
     def _reread_pool(self, pool: PoolKey) -> None:
         before = self.pools.get(pool)
+        self.usage.forget((pool,))
         self._changes.pools.setdefault(pool, before)
         names = self._pool_slices.get(pool)
         if before is not None:

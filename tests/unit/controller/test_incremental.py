@@ -5,26 +5,37 @@ view as watch events would; after each batch the controller's parts take the bat
 (``Tally.update``, ``Explainer.note``, ``Explainer.refresh``) and what they hold — every gauge's
 count, every pending claim's explanation — is compared with what the pure functions compute
 from all the objects at once (``inventory.current_pools``, ``per_node``, ``explain_claim``).
+
+Slices may carry counter sets and devices that consume them or are shared (with a memory
+request policy); claims may hold shares with consumed capacity and ask for capacity. What is
+free, the counter and shared-memory series are compared with a plain count written here
+(``reference_free``, ``reference_series``), not with ``partitions`` itself.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import re
+from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any
 
+import hypothesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
-from dra_gpu import cel
-from dra_gpu.controller import explain, inventory
+from dra_gpu import cel, metrics
+from dra_gpu.controller import explain, inventory, partitions
 from dra_gpu.controller.explaining import Explainer
 from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import ClusterView
+from dra_gpu.quantities import exact_value
 
 DRIVER = "gpu.example.com"
 OTHER = "nic.example.com"
@@ -32,6 +43,7 @@ NODES = ["node-0", "node-1", "node-2", "node-3"]
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 Body = dict[str, Any]
 
+POLICY = {"default": "8Gi", "validRange": {"min": "4Gi", "max": "24Gi", "step": "4Gi"}}
 SELECTORS = [
     f'device.driver == "{DRIVER}"',
     f'device.driver == "{OTHER}"',
@@ -85,6 +97,22 @@ def slices(draw: st.DrawFn) -> Body:
         effect = draw(names([None, None, "NoSchedule", "NoExecute", "None"]))
         if effect is not None:
             device["taints"] = [{"key": f"{DRIVER}/xid", "value": "79", "effect": effect}]
+        if draw(st.integers(0, 2)) == 0:
+            used = draw(st.lists(names(["slot-0", "slot-1", "compute"]), min_size=1, unique=True))
+            device["consumesCounters"] = [
+                {
+                    "counterSet": "cs-0",
+                    "counters": {c: {"value": "2" if c == "compute" else "1"} for c in used},
+                }
+            ]
+        if draw(st.integers(0, 3)) == 0:
+            device["allowMultipleAllocations"] = True
+            device["capacity"] = {
+                "memory": {
+                    "value": draw(names(["24Gi", "40Gi"])),
+                    **draw(names([{}, {"requestPolicy": POLICY}])),
+                }
+            }
         devices.append(device)
     spec: Body = {
         "driver": driver,
@@ -95,6 +123,18 @@ def slices(draw: st.DrawFn) -> Body:
         },
         "devices": devices,
     }
+    if draw(st.integers(0, 2)) == 0:
+        compute = draw(names(["2", "3"]))
+        spec["sharedCounters"] = [
+            {
+                "name": "cs-0",
+                "counters": {
+                    "slot-0": {"value": "1"},
+                    "slot-1": {"value": "1"},
+                    "compute": {"value": compute},
+                },
+            }
+        ]
     if node is not None:
         spec["nodeName"] = node
     else:
@@ -131,6 +171,9 @@ def exact_requests(draw: st.DrawFn) -> Body:
         request["allocationMode"] = "All"
     if draw(st.booleans()):
         request["selectors"] = [{"cel": {"expression": draw(names(SELECTORS[2:]))}}]
+    if draw(st.integers(0, 3)) == 0:
+        asked = draw(names(["4Gi", "10Gi", "24Gi", "100Gi"]))
+        request["capacity"] = {"requests": {draw(names(["memory", "memory", "cores"])): asked}}
     return request
 
 
@@ -162,9 +205,17 @@ def claims(draw: st.DrawFn) -> Body:
             {
                 "request": "r0",
                 "driver": draw(names([DRIVER, OTHER])),
-                "pool": draw(names(["pool-a", *NODES])),
+                "pool": draw(names(["pool-a", "pool-p", "pool-p", *NODES])),
                 "device": draw(names(["gpu-0", "gpu-1", "gpu-2"])),
                 **({"adminAccess": True} if draw(st.integers(0, 4)) == 0 else {}),
+                **(
+                    {
+                        "shareID": f"share-{draw(st.integers(0, 9))}",
+                        "consumedCapacity": {"memory": draw(names(["8Gi", "16Gi"]))},
+                    }
+                    if draw(st.integers(0, 2)) == 0
+                    else {}
+                ),
             }
             for _ in range(draw(st.integers(1, 2)))
         ]
@@ -279,7 +330,55 @@ def base() -> list[tuple[str, str | None, Body]]:
     return found
 
 
-# --- the full recompute ------------------------------------------------------------------------
+def partitioned_pool() -> list[tuple[str, str | None, Body]]:
+    """pool-p on node-0, as a partitioned GPU publishes it: a counter set in a slice of its own;
+    gpu-0 consumes all of it (the whole GPU), gpu-1 and gpu-2 half each, gpu-2 is shared too."""
+    counters = {"slot-0": {"value": "1"}, "slot-1": {"value": "1"}, "compute": {"value": "2"}}
+
+    def consumes(*names: str) -> list[Body]:
+        return [
+            {
+                "counterSet": "cs-0",
+                "counters": {
+                    n: {"value": "2" if n == "compute" and len(names) > 2 else "1"} for n in names
+                },
+            }
+        ]
+
+    devices = [
+        {"name": "gpu-0", "capacity": {"memory": {"value": "40Gi"}},
+         "consumesCounters": consumes("slot-0", "slot-1", "compute")},
+        {"name": "gpu-1", "capacity": {"memory": {"value": "20Gi"}},
+         "consumesCounters": consumes("slot-0", "compute")},
+        {"name": "gpu-2", "allowMultipleAllocations": True,
+         "capacity": {"memory": {"value": "20Gi", "requestPolicy": POLICY}},
+         "consumesCounters": consumes("slot-1", "compute")},
+    ]  # fmt: skip
+    pool = {"name": "pool-p", "generation": 1, "resourceSliceCount": 2}
+    contents: list[Body] = [
+        {"sharedCounters": [{"name": "cs-0", "counters": counters}]},
+        {"devices": devices},
+    ]
+    return [
+        (
+            "ResourceSlice",
+            "ADDED",
+            {
+                "metadata": {"name": f"part-{i}"},
+                "spec": {"driver": DRIVER, "nodeName": "node-0", "pool": pool, **content},
+            },
+        )
+        for i, content in enumerate(contents)
+    ]
+
+
+def note(text: str) -> None:
+    """A statistic of the property tests (``--hypothesis-show-statistics``); nothing elsewhere."""
+    with contextlib.suppress(InvalidArgument):
+        hypothesis.event(text)
+
+
+# --- the full recompute ---------------------------------------------------------------------
 
 
 def key_of(body: Body) -> str:
@@ -330,6 +429,115 @@ def without_devices(explanation: explain.Explanation) -> explain.Explanation:
     return dataclasses.replace(explanation, requests=tuple(strip(r) for r in explanation.requests))
 
 
+def reference_holds(claims: Iterable[Body]) -> list[tuple[inventory.DeviceKey, Body]]:
+    """Every result that holds a device (admin access holds none), with its claim's key."""
+    return [
+        (inventory.result_key(r), r)
+        for claim in claims
+        for r in ((claim.get("status") or {}).get("allocation") or {})
+        .get("devices", {})
+        .get("results", [])
+        if not r.get("adminAccess")
+    ]
+
+
+def reference_used(pool: inventory.Pool, claims: Iterable[Body]) -> dict[tuple[str, str], Fraction]:
+    """(counter set, counter) -> consumed by the pool's held devices, each counted once."""
+    held = {key[2] for key, _ in reference_holds(claims) if key[:2] == pool.key}
+    used: dict[tuple[str, str], Fraction] = collections.defaultdict(Fraction)
+    for name in held:
+        device = next((d for d in pool.devices if d.name == name), None)
+        for entry in (device.body.get("consumesCounters") or []) if device else []:
+            for counter, value in entry["counters"].items():
+                used[entry["counterSet"], counter] += exact_value(value["value"])
+    return used
+
+
+def reference_consumed(key: inventory.DeviceKey, claims: Iterable[Body]) -> Fraction:
+    return sum(
+        (
+            exact_value(r["consumedCapacity"]["memory"])
+            for k, r in reference_holds(claims)
+            if k == key and r.get("shareID")
+        ),
+        Fraction(0),
+    )
+
+
+def reference_free(
+    device: inventory.PublishedDevice,
+    pools: dict[tuple[str, str], inventory.Pool],
+    claims: Iterable[Body],
+) -> bool:
+    """Whether a new claim could get ``device``: the rule of the README, counted plainly."""
+    claims = list(claims)
+    results = [r for k, r in reference_holds(claims) if k == device.key]
+    if any(not r.get("shareID") for r in results):
+        return False
+    if results and not device.shared:
+        return False
+    pool = pools[device.driver, device.pool]
+    if device.body.get("consumesCounters") and not (device.shared and results):
+        used = reference_used(pool, claims)
+        for entry in device.body["consumesCounters"]:
+            defined = pool.counter_sets.get(entry["counterSet"])
+            for counter, value in entry["counters"].items():
+                if defined is None or counter not in defined.counters:
+                    continue
+                left = defined.counters[counter] - used[entry["counterSet"], counter]
+                if left < exact_value(value["value"]):
+                    return False
+    if device.shared:
+        memory = (device.body.get("capacity") or {}).get("memory")
+        if memory is not None:
+            left = exact_value(memory["value"]) - reference_consumed(device.key, claims)
+            smallest = exact_value("4Gi") if memory.get("requestPolicy") else Fraction(0)
+            if left <= 0 or left < smallest:
+                return False
+    return True
+
+
+def reference_series(
+    pool: inventory.Pool, claims: Iterable[Body]
+) -> dict[tuple[Any, tuple[str, ...]], float]:
+    """The pool's counter and shared-device series, counted plainly."""
+    claims = list(claims)
+    found: dict[tuple[Any, tuple[str, ...]], float] = {}
+    used = reference_used(pool, claims)
+    held = {k[2] for k, _ in reference_holds(claims) if k[:2] == pool.key}
+    for name, counter_set in pool.counter_sets.items():
+        node = counter_set.node or pool.pool
+        totals: dict[str, list[Fraction]] = {}
+        for counter, value in counter_set.counters.items():
+            row = totals.setdefault(re.sub(r"-\d+$", "", counter), [Fraction(0), Fraction(0)])
+            row[0] += used[name, counter]
+            row[1] += max(value - used[name, counter], Fraction(0))
+        for family, (consumed, left) in totals.items():
+            found[metrics.COUNTERS, (node, name, family, "used")] = float(consumed)
+            found[metrics.COUNTERS, (node, name, family, "free")] = float(left)
+        found[metrics.PARTITIONS_ALLOCATED, (node, name)] = sum(
+            1
+            for d in pool.devices
+            if d.name in held
+            and any(e["counterSet"] == name for e in d.body.get("consumesCounters") or [])
+        )
+    for device in pool.devices:
+        if not device.shared:
+            continue
+        node = device.node or pool.pool
+        memory = device.memory_bytes
+        results = [r for k, r in reference_holds(claims) if k == device.key]
+        if any(not r.get("shareID") for r in results):
+            taken = memory
+        else:
+            taken = min(memory, int(reference_consumed(device.key, claims)))
+        found[metrics.SHARED_MEMORY, (node, device.name, "published")] = memory
+        found[metrics.SHARED_MEMORY, (node, device.name, "used")] = taken
+        found[metrics.SHARED_MEMORY, (node, device.name, "free")] = memory - taken
+        found[metrics.SHARES, (node, device.name)] = sum(1 for r in results if r.get("shareID"))
+    return found
+
+
 class Cluster:
     """The objects as the API server has them, and the controller's parts fed from them."""
 
@@ -361,6 +569,9 @@ class Cluster:
         classes, nodes = self.objects["DeviceClass"], self.objects["Node"]
         devices, problems = inventory.current_pools(slices)
         held = inventory.allocated(claims.values())
+        pools = {p.key: p for p in inventory.read_pools(slices) if p.complete}
+        free = {d.key: reference_free(d, pools, claims.values()) for d in devices}
+        usage = partitions.Usage(inventory.HolderIndex.of(claims.values()), pools)
         expected_nodes = {
             node: (
                 c.published,
@@ -369,16 +580,37 @@ class Cluster:
                 c.memory_allocated,
                 c.tainted_no_schedule,
                 c.tainted_no_execute,
+                c.free,
             )
-            for node, c in inventory.per_node(devices, held, DRIVER).items()
+            for node, c in inventory.per_node(devices, held, DRIVER, usage).items()
         }
         assert {n: tuple(v) for n, v in self.tally.nodes.items() if v[0]} == expected_nodes
+        for node, row in expected_nodes.items():
+            ours = [d for d in devices if d.driver == DRIVER and (d.node or "") == node]
+            assert row[6] == sum(free[d.key] for d in ours), node
         for name, device_class in classes.items():
             admitted = [d for d in devices if admits(device_class, d)]
             ours = [d for d in admitted if d.driver == DRIVER]
             taken = sum(d.key in held for d in ours)
-            assert self.tally.admitted[name] == [len(ours), taken, len(admitted)], name
+            available = sum(free[d.key] for d in ours)
+            assert self.tally.admitted[name] == [len(ours), taken, len(admitted), available], name
         assert set(self.tally.admitted) == set(classes)
+        expected_series = {
+            key: reference_series(pool, claims.values())
+            for key, pool in pools.items()
+            if key[0] == DRIVER
+        }
+        assert {k: v for k, v in self.tally.series.items()} == {
+            k: v for k, v in expected_series.items() if v
+        }
+        for series in self.tally.series.values():
+            for gauge, labels in series:
+                if gauge is metrics.COUNTERS and labels[3] == "used" and series[gauge, labels]:
+                    note("counters used")
+                if gauge is metrics.SHARES and series[gauge, labels]:
+                    note("shares held")
+        if any(free[d.key] != (d.key not in held) for d in devices if d.driver == DRIVER):
+            note("a device neither held nor free")
         states = collections.Counter(inventory.claim_state(c) for c in claims.values())
         assert {s: self.view.claim_states[s] for s in states} == states
         assert {(p.driver, p.pool): p.message for p in problems} == {
@@ -405,6 +637,9 @@ class Cluster:
                 claim, self.explainer.world(), classes=classes, pod=waiting[0]
             )
             assert detailed == expected, key
+            for request in expected.requests:
+                for verdict in {d.verdict for d in request.devices}:
+                    note(f"a device explained as {verdict}")
 
 
 @settings(
@@ -415,12 +650,73 @@ class Cluster:
 @given(
     st.lists(st.lists(events(), min_size=1, max_size=4), min_size=1, max_size=15),
     st.sampled_from([None, 0]),  # 0: every batch is a bulk one (all classes' claims stale)
+    st.booleans(),
 )
 def test_incremental_view_equals_a_full_recompute(
-    batches: list[list[tuple[str, str | None, Body]]], bulk: int | None
+    batches: list[list[tuple[str, str | None, Body]]], bulk: int | None, partitioned: bool
 ) -> None:
     cluster = Cluster(bulk)
-    for batch in [base(), *batches]:
+    start = [*base(), *(partitioned_pool() if partitioned else [])]
+    for batch in [start, *batches]:
+        for kind, event_type, body in batch:
+            cluster.apply(kind, event_type, body)
+        cluster.reconcile()
+        cluster.check()
+
+
+@st.composite
+def partition_claims(draw: st.DrawFn) -> Body:
+    """A claim of c-0 that may hold pool-p's devices, alone or in shares, or asks capacity."""
+    body: Body = draw(claims())
+    exact: Body = {"deviceClassName": "c-0"}
+    if draw(st.integers(0, 3)):  # pool-p's devices only (they have no product)
+        exact["selectors"] = [
+            {"cel": {"expression": f'!("product" in device.attributes["{DRIVER}"])'}}
+        ]
+    if draw(st.booleans()):
+        exact["capacity"] = {"requests": {"memory": draw(names(["4Gi", "10Gi", "16Gi", "40Gi"]))}}
+    body["spec"]["devices"]["requests"] = [{"name": "r0", "exactly": exact}]
+    body["metadata"].pop("deletionTimestamp", None)
+    if draw(st.booleans()):
+        results = []
+        for device in draw(st.lists(names(["gpu-0", "gpu-1", "gpu-2"]), min_size=1, max_size=2)):
+            result: Body = {"request": "r0", "driver": DRIVER, "pool": "pool-p", "device": device}
+            if device == "gpu-2" and draw(st.integers(0, 3)):
+                result["shareID"] = f"share-{draw(st.integers(0, 9))}"
+                result["consumedCapacity"] = {"memory": draw(names(["4Gi", "8Gi", "16Gi"]))}
+            results.append(result)
+        body["status"] = {"allocation": {"devices": {"results": results}}}
+    else:
+        body["status"] = {}
+    return body
+
+
+@st.composite
+def partition_events(draw: st.DrawFn) -> tuple[str, str | None, Body]:
+    kind = draw(names(["ResourceClaim"] * 4 + ["Pod"] * 2 + ["ResourceSlice"]))
+    if kind == "ResourceClaim":
+        body = draw(partition_claims())
+    elif kind == "Pod":
+        body = draw(pods())
+    else:  # pool-p republished: more or fewer compute slices, or its counters as they were
+        body = partitioned_pool()[0][2]
+        compute = draw(names(["1", "2", "3"]))
+        body["spec"]["sharedCounters"][0]["counters"]["compute"] = {"value": compute}
+    return kind, draw(names(["ADDED", "MODIFIED", "MODIFIED", "DELETED"])), body
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(st.lists(partition_events(), min_size=1, max_size=4), min_size=1, max_size=12))
+def test_partitions_and_shares_incremental_equal_a_full_recompute(
+    batches: list[list[tuple[str, str | None, Body]]],
+) -> None:
+    """The same, with the claims on a partitioned pool: counters and shares in every step."""
+    cluster = Cluster()
+    for batch in [[*base(), *partitioned_pool()], *batches]:
         for kind, event_type, body in batch:
             cluster.apply(kind, event_type, body)
         cluster.reconcile()
