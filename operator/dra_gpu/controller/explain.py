@@ -1188,11 +1188,11 @@ class _RequestCheck:
             text = partitions.share_text(device.label, miss, owners)
             return _Checked(device, verdict, code == _C_CAPACITY, text)
         if code == _C_COUNTERS:
-            short = usage.short(device)
+            counters = usage.counters(device)
+            short = [c for c in counters if c.free < c.needs]
             owners = usage.counter_holders(device, short)
-            return _Checked(
-                device, verdict, True, partitions.counters_text(device.label, short, owners)
-            )
+            text = partitions.counters_text(device.label, counters, owners)
+            return _Checked(device, verdict, True, text)
         if code in (_C_ERROR, _C_MISMATCH):
             failed = self._class_outcomes[index]
             selectors = self.class_selectors

@@ -151,7 +151,7 @@ def has_room(device: PublishedDevice, used: Mapping[str, Fraction]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Short:
-    """A counter a device consumes of which less is left than it needs."""
+    """A counter a device consumes, and what is left of it (short when less than it needs)."""
 
     counter_set: str
     counter: str
@@ -282,8 +282,8 @@ class Usage:
 
     # ---- one device ---------------------------------------------------------------------------
 
-    def short(self, device: PublishedDevice) -> list[Short]:
-        """The counters ``device`` consumes of which too little is left for it (empty: it fits,
+    def counters(self, device: PublishedDevice) -> list[Short]:
+        """Each counter ``device`` consumes, with what is left of it (empty: it consumes none,
         or it is a shared device whose shares already consumed them)."""
         if not device.consumes:
             return []
@@ -303,9 +303,12 @@ class Usage:
                 if value is None:
                     continue
                 free = value - used.get(counter_set, {}).get(counter, _ZERO)
-                if free < needs:
-                    found.append(Short(counter_set, counter, needs, max(free, _ZERO)))
+                found.append(Short(counter_set, counter, needs, max(free, _ZERO)))
         return found
+
+    def short(self, device: PublishedDevice) -> list[Short]:
+        """The counters ``device`` consumes of which too little is left for it (empty: it fits)."""
+        return [s for s in self.counters(device) if s.free < s.needs]
 
     def available(self, device: PublishedDevice) -> bool:
         """Whether a new claim (asking no capacity) could get ``device`` now: no claim holds it
@@ -376,17 +379,23 @@ def held_by(owners: tuple[str, ...]) -> str:
     return f" (held by {shown}{more})"
 
 
-def counters_text(label: str, short: list[Short], owners: tuple[str, ...]) -> str:
-    """``node-01/gpu-0 needs memory-slice 8 of gpu-0-counters, 4 free; compute-slices 7, 4 free
-    (held by ns/a, ns/b)``: per counter set, the counters short, alike ones added up."""
+def counters_text(label: str, counters: list[Short], owners: tuple[str, ...]) -> str:
+    """``node-01/gpu-0 needs compute-slices 7 of gpu-0-counters, 3 free; memory-slice 8, 3 free
+    (held by ns/a, ns/b)``: of the ``counters`` a device consumes (``Usage.counters``), the
+    families (``family``) with one short, each added up: what it needs, how much of that is free."""
     per_set: dict[str, dict[str, list[Fraction]]] = {}
-    for s in short:
-        row = per_set.setdefault(s.counter_set, {}).setdefault(family(s.counter), [_ZERO, _ZERO])
+    short: set[tuple[str, str]] = set()
+    for s in counters:
+        name = family(s.counter)
+        row = per_set.setdefault(s.counter_set, {}).setdefault(name, [_ZERO, _ZERO])
         row[0] += s.needs
         row[1] += min(s.free, s.needs)
+        if s.free < s.needs:
+            short.add((s.counter_set, name))
     parts = []
     for counter_set, families in per_set.items():
-        for i, (name, (needs, free)) in enumerate(families.items()):
+        shown = [(n, row) for n, row in families.items() if (counter_set, n) in short]
+        for i, (name, (needs, free)) in enumerate(shown):
             where = f" of {counter_set}" if i == 0 else ""
             parts.append(f"{name} {show(needs)}{where}, {show(free)} free")
     return f"{label} needs {'; '.join(parts)}{held_by(owners)}"
