@@ -1,0 +1,257 @@
+"""Shared GPUs with memory shares on a real node under the real scheduler: one simulated 40Gi
+GPU offered to several claims at once (``allowMultipleAllocations``, a ``requestPolicy`` on
+its memory, MPS). Three pods share it, each container told its own share; a burst of claims
+never holds more than the GPU's memory at once (sampled while it is scheduled and after some
+pods leave), and each claim's ``status.devices`` entry carries its share ID.
+
+Consumable capacity (DRAConsumableCapacity) is beta and on by default from Kubernetes 1.36; on
+1.35 the API server drops the fields, the agent then publishes the GPU exclusive, and the same
+tests assert there that one claim at a time holds it, whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from dra_gpu import kube, quantities
+from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from tests.e2e.helpers import (
+    Kubectl,
+    agent_on,
+    container_env,
+    driver_class,
+    events_of,
+    server_minor,
+    workload,
+)
+
+DRIVER = "gpu.example.com"
+RESOURCE = "/apis/resource.k8s.io/v1"
+GI = 2**30
+PROFILE = """\
+nodes:
+  node-01:
+    devices:
+    - memory: 40Gi
+      sharing: {mode: MPS, memory: {default: 8Gi, min: 4Gi, step: 4Gi}}
+"""
+
+
+@pytest_asyncio.fixture
+async def shared_class(api: kube.Kube) -> AsyncIterator[str]:
+    async with driver_class(api, "dra-gpu-test-shares") as name:
+        yield name
+
+
+@pytest_asyncio.fixture
+async def agent(
+    control_plane: ControlPlane,
+    node_named: dict[str, RealNode],
+    api: kube.Kube,
+    namespace: str,
+    tmp_path: Path,
+) -> AsyncIterator[AgentProcess]:
+    profile = tmp_path / "shares.yaml"
+    profile.write_text(PROFILE)
+    started = AgentProcess.on(
+        node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=profile
+    )
+    async with agent_on(api, started, namespace, pods_gone_within=120):
+        yield started
+
+
+async def claim_and_pod(
+    api: kube.Kube, ns: str, name: str, device_class: str, memory: str | None
+) -> None:
+    exactly: kube.Body = {"deviceClassName": device_class}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    await api.create(
+        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
+        {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        },
+    )
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [workload("main", claims=["gpu"])],
+                "terminationGracePeriodSeconds": 1,
+            },
+        },
+    )
+
+
+async def allocated(api: kube.Kube, ns: str) -> dict[str, kube.Body]:
+    """Claim -> its allocation result, for every claim of ``ns`` allocated now."""
+    found = {}
+    for claim in (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"]:
+        allocation = (claim.get("status") or {}).get("allocation")
+        if allocation:
+            (result,) = allocation["devices"]["results"]
+            found[claim["metadata"]["name"]] = result
+    return found
+
+
+def assert_fits(results: dict[str, kube.Body], shared: bool) -> None:
+    """What is allocated at one time fits in gpu-0: shares within its 40Gi, each with its own
+    share ID (1.35: one claim, whole)."""
+    if not shared:
+        assert len(results) <= 1, results
+        assert all("shareID" not in r for r in results.values()), results
+        return
+    used = sum(
+        int(quantities.exact_value(r["consumedCapacity"]["memory"])) for r in results.values()
+    )
+    assert used <= 40 * GI, results
+    shares = [r["shareID"] for r in results.values()]
+    assert len(set(shares)) == len(shares), results
+
+
+async def share_env(kubectl: Kubectl, ns: str, pod: str) -> dict[str, str]:
+    async def env() -> dict[str, str] | None:
+        return await container_env(kubectl, ns, pod, "main")
+
+    found = await eventually(env, timeout=120, what=f"pod {pod} running")
+    return {
+        k: v
+        for k, v in found.items()
+        if k.startswith(("GPU_", "DRA_GPU_")) or k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+    }
+
+
+async def is_running(api: kube.Kube, ns: str, pod: str) -> bool:
+    current = await api.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+    return bool(current["status"].get("phase") == "Running")
+
+
+async def published_device(api: kube.Kube) -> kube.Body:
+    async def device() -> kube.Body | None:
+        listing = await api.get(
+            f"{RESOURCE}/resourceslices",
+            fieldSelector=f"spec.driver={DRIVER},spec.nodeName=node-01",
+        )
+        found = [d for s in listing["items"] for d in s["spec"].get("devices") or []]
+        return found[0] if len(found) == 1 else None
+
+    return await eventually(device, timeout=60, what="gpu-0 published")
+
+
+async def test_three_pods_share_one_gpu_each_with_its_memory_share(
+    api: kube.Kube, kubectl: Kubectl, namespace: str, shared_class: str, agent: AgentProcess
+) -> None:
+    ns = namespace
+    shared = await server_minor(api) >= 36
+    if shared:
+        # The agent's first write may be dropped (1.35 only); then it is published again.
+        async def shared_published() -> kube.Body | None:
+            device = await published_device(api)
+            return device if device.get("allowMultipleAllocations") else None
+
+        device = await eventually(shared_published, timeout=60, what="gpu-0 published shared")
+        assert device["capacity"]["memory"]["requestPolicy"] == {
+            "default": "8Gi",
+            "validRange": {"min": "4Gi", "step": "4Gi"},
+        }
+    wanted = {"small": None, "medium": "12Gi", "large": "14Gi"}  # 8Gi (default), 12Gi, 16Gi
+    for name, memory in wanted.items():
+        await claim_and_pod(api, ns, name, shared_class, memory)
+
+    if not shared:
+        # 1.35: published exclusive (the log says why); one pod gets gpu-0 whole.
+        assert "allowMultipleAllocations" not in await published_device(api)
+
+        async def one_running() -> list[str] | None:
+            running = [n for n in wanted if await is_running(api, ns, n)]
+            return running or None
+
+        (runner,) = await eventually(one_running, timeout=180, what="one pod running")
+        env = await share_env(kubectl, ns, runner)
+        assert env == {"GPU_DEVICE_0": "gpu-0", "DRA_GPU_SHARING_STRATEGY": "Exclusive"}
+        assert_fits(await allocated(api, ns), shared=False)
+        assert "DRAConsumableCapacity is off" in agent.log_file.read_text()
+        return
+
+    async def all_running() -> bool:
+        return all([await is_running(api, ns, n) for n in wanted])
+
+    await eventually(all_running, timeout=180, what="three pods sharing gpu-0 running")
+    results = await allocated(api, ns)
+    assert {n: r["device"] for n, r in results.items()} == dict.fromkeys(wanted, "gpu-0")
+    assert {n: r["consumedCapacity"]["memory"] for n, r in results.items()} == {
+        "small": "8Gi",
+        "medium": "12Gi",
+        "large": "16Gi",  # rounded up to min + a whole number of steps
+    }
+    assert_fits(results, shared=True)
+    for name, result in results.items():
+        memory = result["consumedCapacity"]["memory"]
+        mib = int(quantities.exact_value(memory)) // 2**20
+        assert await share_env(kubectl, ns, name) == {
+            "GPU_DEVICE_0": "gpu-0",
+            "DRA_GPU_SHARING_STRATEGY": "MPS",
+            "DRA_GPU_MEMORY_LIMIT": memory,
+            "DRA_GPU_SHARE_ID": result["shareID"],
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mib}M",
+        }
+
+    async def statuses() -> dict[str, str] | None:
+        found = {}
+        for claim in (await api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims"))["items"]:
+            entries = (claim.get("status") or {}).get("devices") or []
+            if len(entries) != 1:
+                return None
+            found[claim["metadata"]["name"]] = entries[0].get("shareID")
+        return found
+
+    by_claim = await eventually(statuses, timeout=60, what="status.devices of the three claims")
+    assert by_claim == {n: r["shareID"] for n, r in results.items()}
+
+
+async def test_a_burst_of_shares_never_holds_more_than_the_gpus_memory(
+    api: kube.Kube, namespace: str, shared_class: str, agent: AgentProcess
+) -> None:
+    ns = namespace
+    shared = await server_minor(api) >= 36
+    names = [f"s{i}" for i in range(6)]
+    await asyncio.gather(*(claim_and_pod(api, ns, n, shared_class, "12Gi") for n in names))
+
+    async def settled(waiting: list[str]) -> tuple[dict[str, kube.Body]] | None:
+        """Once every pod of ``waiting`` runs or was found unschedulable: what is allocated."""
+        now = await allocated(api, ns)
+        assert_fits(now, shared)  # checked on every sample, not only at the end
+        refused = {
+            e["involvedObject"]["name"]
+            for e in await events_of(api, ns)
+            if e.get("reason") == "FailedScheduling"
+        }
+        for name in waiting:
+            if not await is_running(api, ns, name) and name not in refused:
+                return None
+        return (now,)
+
+    (first,) = await eventually(lambda: settled(names), timeout=180, what="burst scheduled")
+    # 12Gi each of 40Gi: three at once (1.35: one, whole).
+    assert len(first) == (3 if shared else 1), first
+    for name in first:
+        await api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+    waiting = [n for n in names if n not in first]
+
+    async def second_wave() -> dict[str, kube.Body] | None:
+        found = await settled(waiting)
+        now = found[0] if found else {}
+        full = len(now) == (3 if shared else 1)  # the freed memory taken up again
+        return now if full and not set(now) & set(first) else None
+
+    second = await eventually(second_wave, timeout=180, what="waiting claims scheduled")
+    assert set(second) <= set(waiting), second
