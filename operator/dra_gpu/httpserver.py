@@ -28,7 +28,12 @@ def _app(
         registry: prometheus_client.CollectorRegistry,
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
-            body = prometheus_client.generate_latest(registry)
+            # ``?name[]=a&name[]=b``: those metrics only, as prometheus_client's own exposition
+            # serves them (a probe that reads one metric does not pay for every series).
+            names = request.query.getall("name[]", [])
+            body = prometheus_client.generate_latest(
+                registry.restricted_registry(names) if names else registry
+            )
             return web.Response(
                 body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
             )

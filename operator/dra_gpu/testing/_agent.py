@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -149,8 +150,10 @@ class DraGpuProcess(_Stateful):
         except OSError:
             return None
 
-    def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+    def metrics(self, *names: str) -> str:
+        """The ``/metrics`` text; with ``names``, of those metrics only (``name[]=``)."""
+        query = urllib.parse.urlencode([("name[]", name) for name in names])
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics" + (f"?{query}" if query else "")
         with urllib.request.urlopen(url, timeout=5) as response:
             return bytes(response.read()).decode()
 
