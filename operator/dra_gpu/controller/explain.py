@@ -543,9 +543,7 @@ class Layout:
             sorted(incomplete, key=lambda p: (_natural(p.pool), p.driver))
         )
         self.device_nodes = frozenset(d.node for d in self.devices if d.node)
-        self.pools: dict[tuple[str, str], inventory.Pool] = {
-            pool.key: pool for pool in pools_placed.values()
-        }
+        self.pools = pools_placed
         """The complete pools, by (driver, pool)."""
         self.special = frozenset(i for i, d in enumerate(self.devices) if d.consumes or d.shared)
         """Indexes of the devices that consume counters or are shared (``partitions``)."""

@@ -25,7 +25,7 @@ import functools
 import re
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from dra_gpu import cel
 from dra_gpu.quantities import exact_value
@@ -373,8 +373,7 @@ def held_devices(claim: Body) -> tuple[DeviceKey, ...]:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Hold:
+class Hold(NamedTuple):
     """What one claim's allocation holds of one device."""
 
     owner: str
@@ -424,16 +423,17 @@ class HolderIndex:
 
     Each claim is filed under a token of the caller's (the view's key, a list position), so
     two bodies with one name, as a caller's list may hold, stay two holders, as in ``holders``.
+    A ``Hold`` is kept as a plain tuple: the garbage collector stops tracking a tuple of plain
+    values, and a cluster has thousands of claims (a full collection scans every object tracked).
     """
 
     def __init__(self) -> None:
-        self._entries: dict[DeviceKey, dict[Hashable, Hold]] = {}
+        self._entries: dict[DeviceKey, dict[Hashable, tuple[Any, ...]]] = {}
         self._devices: dict[Hashable, tuple[DeviceKey, ...]] = {}
         self._names: collections.Counter[str] = collections.Counter()
         self._uids: collections.Counter[str] = collections.Counter()
         self._owners: dict[DeviceKey, tuple[str, ...]] = {}
         self._taken: dict[DeviceKey, int] = {}
-        self._by_pool: dict[tuple[str, str], collections.Counter[str]] = {}
         self._consumed: dict[DeviceKey, Mapping[str, Fraction]] = {}
 
     @classmethod
@@ -448,7 +448,7 @@ class HolderIndex:
         may have changed."""
         changed: set[DeviceKey] = set()
         for key in self._devices.pop(token, ()):
-            hold = self._entries[key].pop(token)
+            hold = Hold._make(self._entries[key].pop(token))
             if not self._entries[key]:
                 del self._entries[key]
             self._forget(key)
@@ -458,12 +458,6 @@ class HolderIndex:
                 self._taken[key] -= 1
                 if not self._taken[key]:
                     del self._taken[key]
-            held = self._by_pool[key[:2]]
-            held[key[2]] -= 1
-            if not held[key[2]]:
-                del held[key[2]]
-                if not held:
-                    del self._by_pool[key[:2]]
             changed.add(key)
         if claim is None:
             return changed
@@ -472,13 +466,12 @@ class HolderIndex:
             return changed
         self._devices[token] = tuple(found)
         for key, hold in found.items():
-            self._entries.setdefault(key, {})[token] = hold
+            self._entries.setdefault(key, {})[token] = tuple(hold)
             self._forget(key)
             self._names[hold.owner] += 1
             self._uids[hold.uid] += 1
             if hold.exclusive:
                 self._taken[key] = self._taken.get(key, 0) + 1
-            self._by_pool.setdefault(key[:2], collections.Counter())[key[2]] += 1
             changed.add(key)
         return changed
 
@@ -508,16 +501,12 @@ class HolderIndex:
             entries = self._entries.get(key)
             if not entries:
                 return ()
-            found = self._owners[key] = tuple(sorted({h.owner for h in entries.values()}))
+            found = self._owners[key] = tuple(sorted({h[0] for h in entries.values()}))  # owner
         return found
 
     def holds_of(self, key: DeviceKey) -> Iterable[Hold]:
         """How each claim holding ``key`` holds it."""
-        return (self._entries.get(key) or {}).values()
-
-    def held_in(self, pool: tuple[str, str]) -> Iterable[str]:
-        """Names of the devices of (driver, pool) that some claim holds, alone or in shares."""
-        return self._by_pool.get(pool, {}).keys()
+        return map(Hold._make, (self._entries.get(key) or {}).values())
 
     def consumed(self, key: DeviceKey) -> Mapping[str, Fraction]:
         """Capacity the shares of ``key`` consumed, per capacity name."""
@@ -532,12 +521,11 @@ class HolderIndex:
 
     def owners_excluding(self, key: DeviceKey, name: str, uid: str) -> tuple[str, ...]:
         """``owners`` without the claim looking at its own chances, as ``holders(exclude=)``."""
-        entries = self._entries.get(key) or {}
         return tuple(
             sorted(
                 {
                     h.owner
-                    for h in entries.values()
+                    for h in self.holds_of(key)
                     if h.owner != name and not (uid and h.uid == uid)
                 }
             )

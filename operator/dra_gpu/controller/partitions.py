@@ -262,12 +262,9 @@ class Usage:
         used: dict[str, dict[str, Fraction]] = {}
         allocated: dict[str, int] = {}
         memory: dict[str, int] = {}
-        for name in self.holders.held_in(key):
-            index = pool.positions.get(name)
-            if index is None:
-                continue
+        for index in sorted({i for indexes in pool.consumers.values() for i in indexes}):
             device = pool.devices[index]
-            if not device.consumes or (self._exclude and not self.held(device.key)):
+            if not self.held(device.key):
                 continue
             for counter_set, counters in device.consumes:
                 per_set = used.setdefault(counter_set, {})
@@ -314,6 +311,8 @@ class Usage:
         """Whether a new claim (asking no capacity) could get ``device`` now: no claim holds it
         alone, its counters fit, and a shared device has room for a share."""
         key = device.key
+        if not device.consumes and not device.shared:  # a plain GPU: free when not held
+            return not self.held(key)
         if device.shared:
             if any(h.exclusive for h in self._holds(key)):
                 return False
@@ -330,13 +329,13 @@ class Usage:
         devices of that set, at most all of it; any other its memory, allocated when held."""
         total = device.memory_bytes
         key = device.key
+        if not device.consumes and not device.shared:
+            return total, total if self.held(key) else 0
         if device.shared:
             if any(h.exclusive for h in self._holds(key)):
                 return total, total
             consumed = int(self.consumed(key).get("memory", _ZERO))
             return total, min(total, consumed)
-        if not device.consumes:
-            return total, total if self.held(key) else 0
         pool = self.pools.get((device.driver, device.pool))
         first = device.consumes[0][0]
         carrier = pool.memory_carriers.get(first) if pool is not None else None
@@ -351,11 +350,10 @@ class Usage:
         if pool is None:
             return ()
         owners: set[str] = set()
-        for name in self.holders.held_in(pool.key):
-            index = pool.positions.get(name)
-            if index is None:
-                continue
+        for index in sorted({i for s in wanted for i in pool.consumers.get(s[0], ())}):
             other = pool.devices[index]
+            if not self.held(other.key):
+                continue
             if any((s, c) in wanted for s, counters in other.consumes for c, _ in counters):
                 owners.update(self.owners(other.key))
         return tuple(sorted(owners))

@@ -442,12 +442,14 @@ def reference_holds(claims: Iterable[Body]) -> list[tuple[inventory.DeviceKey, B
 
 
 def reference_used(pool: inventory.Pool, claims: Iterable[Body]) -> dict[tuple[str, str], Fraction]:
-    """(counter set, counter) -> consumed by the pool's held devices, each counted once."""
+    """(counter set, counter) -> consumed by the pool's held devices, each counted once (as
+    the scheduler, by name: two devices of one name in a pool are both held)."""
     held = {key[2] for key, _ in reference_holds(claims) if key[:2] == pool.key}
     used: dict[tuple[str, str], Fraction] = collections.defaultdict(Fraction)
-    for name in held:
-        device = next((d for d in pool.devices if d.name == name), None)
-        for entry in (device.body.get("consumesCounters") or []) if device else []:
+    for device in pool.devices:
+        if device.name not in held:
+            continue
+        for entry in device.body.get("consumesCounters") or []:
             for counter, value in entry["counters"].items():
                 used[entry["counterSet"], counter] += exact_value(value["value"])
     return used

@@ -148,7 +148,7 @@ def test_a_claim_holds_a_device_alone_or_in_shares_with_their_consumed_capacity(
     assert index.consumed(key) == {"memory": 60 * GI}
     assert not index.taken()(key)
     assert index.taken()((DRIVER, "node-01", "gpu-0"))
-    assert sorted(index.held_in((DRIVER, "node-01"))) == ["gpu-0", "gpu-1"]
+    assert (DRIVER, "node-01", "gpu-0") in index
     index.put(0, None)  # claim a gone
     assert index.consumed(key) == {"memory": 20 * GI}
 
