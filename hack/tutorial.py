@@ -33,6 +33,10 @@ from dra_gpu.testing import ScrapeTarget, prometheus_of
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "crds-examples"
 RELEASE, RELEASE_NS = "dra-gpu", "dra-gpu"
+ACT_TWO = ("compartido.yaml", "particionado.yaml", "compartido-grande.yaml")
+"""The second act's manifests: a GPU shared by memory shares, another in MIG partitions, and a
+share that no longer fits (applied last)."""
+GONE = ("--ignore-not-found", "--wait=true")
 BOLD, DIM, GREEN, RESET = (
     ("\033[1m", "\033[2m", "\033[32m", "\033[0m") if sys.stdout.isatty() else ("",) * 4
 )
@@ -73,8 +77,9 @@ def step(title: str) -> None:
     print(f"\n{GREEN}{BOLD}== {title}{RESET}\n")
 
 
-def pod_event(reason: str, text: str) -> str | None:
-    events = kubectl_json("get", "events", "--field-selector", "involvedObject.kind=Pod")
+def pod_event(reason: str, text: str, pod: str | None = None) -> str | None:
+    only = f",involvedObject.name={pod}" if pod else ""
+    events = kubectl_json("get", "events", "--field-selector", f"involvedObject.kind=Pod{only}")
     for event in events["items"]:
         if event.get("reason") == reason and text in event.get("message", ""):
             return f"{event['type']}  {reason}  {event['message']}"
@@ -104,17 +109,13 @@ def reset() -> None:
     step("Clean slate: remove what an earlier run left")
     # Workloads go first, while the driver runs: a pod that used a GPU only goes once the
     # driver unprepared its claim (the kubelet keeps it Terminating until then).
-    kubectl(
-        "delete",
-        "deployment/recomendador",
-        "resourceclaimtemplate/gpu-24gb",
-        "--ignore-not-found",
-        "--wait=true",
-    )
+    kubectl("delete", "-f", str(EXAMPLES / "recomendador.yaml"), *GONE)
+    for act_two in ACT_TWO:
+        kubectl("delete", "-f", str(EXAMPLES / act_two), *GONE)
     wait_for(
         "the old pods and claims to go",
         lambda: (
-            not kubectl_json("get", "pods", "-l", "app=recomendador")["items"]
+            not kubectl_json("get", "pods")["items"]
             and not kubectl_json("get", "resourceclaims")["items"]
         ),
     )
@@ -209,6 +210,76 @@ def ask_prometheus(state_dir: Path, controller: str) -> None:
         if not samples:
             print("  (no node: the only 24Gi GPU, gpu-0, is the recomendador's)")
     print(f"\nPrometheus: {prometheus.url} (try the queries above in {prometheus.url}/graph)")
+
+
+def running(app: str, count: int) -> list[str] | None:
+    pods = kubectl_json("get", "pods", "-l", f"app={app}")["items"]
+    names = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
+    return names if len(names) == count else None
+
+
+def pod_of(app: str) -> str | None:
+    """The name of ``app``'s pod, once there is one."""
+    pods = kubectl_json("get", "pods", "-l", f"app={app}")["items"]
+    return str(pods[0]["metadata"]["name"]) if pods else None
+
+
+def act_two(controller: str) -> None:
+    """One GPU shared by memory shares, another in MIG partitions: node configuration in the
+    chart's values, then the claims the scheduler fits onto them."""
+    step("Act two: a GPU shared by memory shares, another in MIG partitions")
+    print("node-02 gets an H100 shared by memory shares (MPS), node-03 an A100 40GB in MIG")
+    print("partitions: node configuration is the chart's values (a changed profile rolls the")
+    print("agents).")
+    run(
+        "helm",
+        *("upgrade", RELEASE, str(REPO / "charts" / "dra-gpu"), "-n", RELEASE_NS),
+        *("--reuse-values", "-f", str(REPO / "hack" / "act-two-values.yaml")),
+        *("--wait", "--timeout=180s"),
+    )
+    kubectl("rollout", "status", "-n", RELEASE_NS, "daemonset/dra-gpu-agent", "--timeout=180s")
+    wait_for(
+        "node-03's partitions published",
+        lambda: any(
+            d["name"].startswith("gpu-0-mig-")
+            for s in kubectl_json("get", "resourceslices")["items"]
+            if s["spec"].get("nodeName") == "node-03"
+            for d in s["spec"].get("devices", [])
+        ),
+    )
+    kubectl("get", "resourceslices", "-o", "wide")
+    for manifest in ACT_TWO[:2]:
+        kubectl("apply", "-f", str(EXAMPLES / manifest))
+    shared = wait_for("two pods sharing node-02's GPU", lambda: running("compartido", 2))
+    partitioned = wait_for("three pods on node-03's partitions", lambda: running("particionado", 3))
+    kubectl("apply", "-f", str(EXAMPLES / ACT_TWO[2]))
+    waiting = wait_for("the third share's pod", lambda: pod_of("compartido-grande"))
+    print(
+        wait_for(
+            "the scheduler to refuse it",
+            lambda: pod_event("FailedScheduling", "cannot allocate all claims", pod=waiting),
+        ),
+        "\n",
+    )
+    kubectl("get", "pods", "-o", "wide")
+    kubectl(
+        "get",
+        "resourceclaims",
+        "-o",
+        "custom-columns=CLAIM:.metadata.name,NODE:.status.allocation.devices.results[0].pool,"
+        "DEVICE:.status.allocation.devices.results[0].device,"
+        "SHARE:.status.allocation.devices.results[0].consumedCapacity.memory",
+    )
+    print("What each container was given, from inside it:")
+    for pod in (*shared, partitioned[0]):
+        kubectl("exec", pod, "--", "sh", "-c", "env | grep -E '^(GPU_|DRA_GPU_|CUDA_)' | sort")
+    explain(waiting)
+    wanted = ("dra_gpu_counters{", "dra_gpu_shared_memory_bytes{", "dra_gpu_shares{")
+    print("The controller's view of both GPUs (Prometheus metrics):")
+    for line in metrics_of(controller, 9400).splitlines():
+        if line.startswith(wanted) and ("memory-slice" not in line or 'state="used"' in line):
+            print("  " + line)
+    print()
 
 
 def main() -> int:
@@ -352,6 +423,7 @@ def main() -> int:
     print()
     ask_prometheus(state_dir, controller)
     print()
+    act_two(controller)
     print(
         "The class, the device, the node and the driver: all four pieces in place.\n"
         "Explore with the exports `make cluster-up` prints; stop everything with\n"

@@ -177,8 +177,13 @@ def build_slices(
 def device_body(device: model.Device) -> dict[str, Any]:
     """A device as the API spells it; empty maps are left out, as the API server returns them."""
     body: dict[str, Any] = {"name": device.name}
-    if device.attributes:
-        body["attributes"] = {k: device.attributes[k].to_api() for k in sorted(device.attributes)}
+    attributes = {k: v.to_api() for k, v in device.attributes.items()}
+    if device.sharing is not None:
+        # What a class selects shared GPUs by, on any version (the scheduler's own
+        # ``device.allowMultipleAllocations`` is CEL only where consumable capacity is on).
+        attributes["sharing"] = {"string": device.sharing.mode}
+    if attributes:
+        body["attributes"] = dict(sorted(attributes.items()))
     if device.capacity:
         body["capacity"] = {k: {"value": device.capacity[k]} for k in sorted(device.capacity)}
     if device.sharing is not None:

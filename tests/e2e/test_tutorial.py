@@ -18,20 +18,22 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.controller.command import explain_target
 from dra_gpu.testing import ControlPlane, RealNode, eventually
-from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, event_with
+from tests.e2e.helpers import EXAMPLES, REPO, Helm, Kubectl, event_with, server_minor
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 RELEASE, RELEASE_NS = "dra-gpu", "dra-gpu"
 DRA_KINDS = {"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"}
 # Served besides the tutorial's four where the feature is on by default (GA in 1.37).
 LATER_KINDS = {"DeviceTaintRule"}
+ACT_TWO_CLASSES = ("gpu-compartida", "gpu-mig-2g")
 
 
 @pytest_asyncio.fixture
 async def tutorial_cluster_objects(api: kube.Kube, helm: Helm) -> AsyncIterator[None]:
     yield
     await helm.run("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", "--timeout=120s")
-    await api.delete(f"{RESOURCE}/deviceclasses/gpu-inferencia")
+    for name in ("gpu-inferencia", *ACT_TWO_CLASSES):
+        await api.delete(f"{RESOURCE}/deviceclasses/{name}")
     await api.delete(f"{RESOURCE}/resourceslices/nodo-simulado-gpu")
 
 
@@ -175,3 +177,71 @@ async def test_tutorial_on_real_nodes_then_helm_install_runs_the_pod_with_gpu_0(
     explained = await explain_target(control_plane.kubeconfig, f"pod/{pod_name}", ns)
     driver = next(line for line in explained.splitlines() if line.startswith("driver"))
     assert "NO" not in driver.split(), explained
+
+    await _act_two(api, kubectl, helm, control_plane, ns)
+
+
+async def _pods(api: kube.Kube, ns: str, app: str) -> list[kube.Body]:
+    pods = await api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"app={app}")
+    items: list[kube.Body] = pods["items"]
+    return items
+
+
+async def _running(api: kube.Kube, ns: str, app: str, count: int) -> list[kube.Body] | None:
+    up = [p for p in await _pods(api, ns, app) if p["status"].get("phase") == "Running"]
+    return up if len(up) == count else None
+
+
+async def _act_two(
+    api: kube.Kube, kubectl: Kubectl, helm: Helm, control_plane: ControlPlane, ns: str
+) -> None:
+    """``make run``'s second act: node configuration in the chart's values (node-02's GPU
+    shared by memory shares, node-03's A100 in MIG partitions; the agents roll), then two pods
+    on shares, three on partitions, and a third share that no longer fits, explained."""
+    await helm(
+        *("upgrade", RELEASE, str(REPO / "charts" / "dra-gpu"), "-n", RELEASE_NS),
+        *("--reuse-values", "-f", str(REPO / "hack" / "act-two-values.yaml")),
+        *("--wait", "--timeout=180s"),
+    )
+    await kubectl("rollout", "status", "-n", RELEASE_NS, "daemonset/dra-gpu-agent")
+    for manifest in ("compartido.yaml", "particionado.yaml"):
+        await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / manifest))
+    if await server_minor(api) < 36:
+        # Consumable capacity and partitionable devices are off: the agents publish both GPUs
+        # whole and exclusive, so neither class finds a device.
+        await eventually(
+            lambda: event_with(api, ns, "FailedScheduling", "cannot allocate all claims"),
+            what="the act-two pods unschedulable (1.35: no shares, no partitions)",
+        )
+        return
+    shared = await eventually(
+        lambda: _running(api, ns, "compartido", 2), timeout=120, what="two pods on shares"
+    )
+    partitioned = await eventually(
+        lambda: _running(api, ns, "particionado", 3), timeout=120, what="three on partitions"
+    )
+    for pod in shared:
+        env = (await kubectl("exec", "-n", ns, pod["metadata"]["name"], "--", "env")).split()
+        assert {"DRA_GPU_MEMORY_LIMIT=32Gi", "DRA_GPU_SHARING_STRATEGY=MPS"} <= set(env), env
+    allocated = {
+        (r["pool"], r["device"], r.get("consumedCapacity", {}).get("memory"))
+        for claim in await _claims(api, ns)
+        for r in (claim["status"].get("allocation") or {}).get("devices", {}).get("results", [])
+    }
+    assert {
+        ("node-02", "gpu-0", "32Gi"),
+        ("node-03", "gpu-0-mig-2g-10gb-0", None),
+        ("node-03", "gpu-0-mig-2g-10gb-2", None),
+        ("node-03", "gpu-0-mig-2g-10gb-4", None),
+    } <= allocated, allocated
+    assert len(partitioned) == 3
+    await kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "compartido-grande.yaml"))
+    [pod] = await eventually(lambda: _pods(api, ns, "compartido-grande"), what="its pod")
+
+    async def explained() -> str | None:
+        text = await explain_target(control_plane.kubeconfig, f"pod/{pod['metadata']['name']}", ns)
+        return text if "shared:" in text else None
+
+    text = await eventually(explained, what="the third share explained")
+    assert pod["status"].get("phase") == "Pending"
+    assert "node-02/gpu-0 shared: 16Gi of 80Gi memory free, the request asks 24Gi" in text, text

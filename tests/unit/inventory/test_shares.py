@@ -88,9 +88,10 @@ def test_a_shared_gpu_is_published_for_several_claims_with_its_memory_policy(mod
             "requestPolicy": {"default": "8Gi", "validRange": {"min": "4Gi", "step": "2Gi"}},
         }
     }
-    assert "allowMultipleAllocations" not in slices.device_body(
-        parsed.inventory("node-01").without_sharing().devices[0]
-    )
+    assert body["attributes"]["sharing"] == {"string": mode}  # what classes select by
+    exclusive = slices.device_body(parsed.inventory("node-01").without_sharing().devices[0])
+    assert "allowMultipleAllocations" not in exclusive
+    assert "sharing" not in exclusive["attributes"]
 
 
 def test_time_slicing_is_the_default_mode() -> None:
