@@ -10,9 +10,11 @@ tutorial's hand-made slice: the agents publish the devices, the kubelet's next r
 gpu-0, and the pod runs with the GPU in its environment. Last, the cluster's Prometheus (``make
 cluster-up`` runs one beside it) is pointed at the controller and every agent, through
 ``kubectl port-forward`` into their pods (pods live in the nodes' networks; the forwards end
-with the cluster), and answers the tutorial's questions in PromQL. It waits for each answer
-instead of sleeping, and starts by removing what an earlier run left, so it can be run again
-and again.
+with the cluster), and answers the tutorial's questions in PromQL. Act two (``act_two``): a
+``helm upgrade`` makes node-02's GPU shared by memory shares and node-03's an A100 in MIG
+partitions; pods take shares and partitions, and one share too many is explained. It waits for
+each answer instead of sleeping, and starts by removing what an earlier run left, so it can be
+run again and again.
 """
 
 from __future__ import annotations
