@@ -1131,7 +1131,7 @@ class _RequestCheck:
                 if held(device.key):
                     code = _C_ALLOCATED
                     row[2] += 1
-                elif i in special and usage.short(device):
+                elif i in special and not usage.counters_fit(device):
                     code = _C_COUNTERS
                     row[2] += 1
                 elif miss is not None:

@@ -33,20 +33,28 @@ from dra_gpu.quantities import exact_value
 Body = Mapping[str, Any]
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device): how allocation results name a device."""
+Amount = int | Fraction
+"""A quantity's exact value: an int when whole (counters, bytes: quick to add up)."""
 
 
 def result_key(result: Body) -> DeviceKey:
     return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
 
 
-def amount(value: object) -> Fraction | None:
+def amount(value: object) -> Amount | None:
     """A quantity of the API (``"40Gi"``, ``"1"``, or a bare number) exactly; None if unreadable."""
     if isinstance(value, bool) or value is None:
         return None
+    return _amount(str(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _amount(text: str) -> Amount | None:
     try:
-        return exact_value(str(value))
+        exact = exact_value(text)
     except ValueError:
         return None
+    return int(exact) if exact.denominator == 1 else exact
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +64,13 @@ class Capacity:
     Without a policy, a request takes what it asks, and a request that asks nothing takes all
     of it (the scheduler's ``calculateConsumedCapacity``)."""
 
-    value: Fraction
-    default: Fraction | None = None
-    minimum: Fraction | None = None
+    value: Amount
+    default: Amount | None = None
+    minimum: Amount | None = None
     """``validRange.min`` (a range needs one)."""
-    maximum: Fraction | None = None
-    step: Fraction | None = None
-    valid_values: tuple[Fraction, ...] = ()
+    maximum: Amount | None = None
+    step: Amount | None = None
+    valid_values: tuple[Amount, ...] = ()
     """``validValues``, in the order published (the API wants them ascending)."""
 
     @classmethod
@@ -99,7 +107,7 @@ class CounterSet:
     name: str
     node: str | None
     """The ``nodeName`` of the slice that publishes it."""
-    counters: Mapping[str, Fraction]
+    counters: Mapping[str, Amount]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -156,7 +164,7 @@ class PublishedDevice:
         return "NoExecute" if "NoExecute" in effects else ("NoSchedule" if effects else None)
 
     @functools.cached_property
-    def consumes(self) -> tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...]:
+    def consumes(self) -> tuple[tuple[str, tuple[tuple[str, Amount], ...]], ...]:
         """``consumesCounters``: (counter set, ((counter, amount), ...)), in published order;
         an entry that does not read is left out (the API server refuses such a slice)."""
         found = []
@@ -383,7 +391,7 @@ class Hold(NamedTuple):
     """A result without a ``shareID`` names it: the device is the claim's alone."""
     shares: int = 0
     """Results with a ``shareID`` (consumable capacity): shares of a shared device."""
-    consumed: tuple[tuple[str, Fraction], ...] = ()
+    consumed: tuple[tuple[str, Amount], ...] = ()
     """Those shares' ``consumedCapacity``, summed per capacity, sorted by name."""
 
 
@@ -395,7 +403,7 @@ def holds(claim: Body) -> dict[DeviceKey, Hold]:
     owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     uid = str(meta.get("uid") or "")
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    parts: dict[DeviceKey, tuple[bool, int, dict[str, Fraction]]] = {}
+    parts: dict[DeviceKey, tuple[bool, int, dict[str, Amount]]] = {}
     for result in (allocation.get("devices") or {}).get("results") or []:
         if result.get("adminAccess"):
             continue
@@ -407,7 +415,7 @@ def holds(claim: Body) -> dict[DeviceKey, Hold]:
             for name, value in raw.items() if isinstance(raw, Mapping) else ():
                 quantity = amount(value)
                 if quantity is not None:
-                    consumed[str(name)] = consumed.get(str(name), Fraction(0)) + quantity
+                    consumed[str(name)] = consumed.get(str(name), 0) + quantity
         else:
             exclusive = True
         parts[key] = (exclusive, shares, consumed)
@@ -434,7 +442,7 @@ class HolderIndex:
         self._uids: collections.Counter[str] = collections.Counter()
         self._owners: dict[DeviceKey, tuple[str, ...]] = {}
         self._taken: dict[DeviceKey, int] = {}
-        self._consumed: dict[DeviceKey, Mapping[str, Fraction]] = {}
+        self._consumed: dict[DeviceKey, Mapping[str, Amount]] = {}
 
     @classmethod
     def of(cls, claims: Iterable[Body]) -> HolderIndex:
@@ -508,7 +516,7 @@ class HolderIndex:
         """How each claim holding ``key`` holds it."""
         return map(Hold._make, (self._entries.get(key) or {}).values())
 
-    def consumed(self, key: DeviceKey) -> Mapping[str, Fraction]:
+    def consumed(self, key: DeviceKey) -> Mapping[str, Amount]:
         """Capacity the shares of ``key`` consumed, per capacity name."""
         found = self._consumed.get(key)
         if found is None:
@@ -532,12 +540,12 @@ class HolderIndex:
         )
 
 
-def add_consumed(found: Iterable[Hold]) -> dict[str, Fraction]:
+def add_consumed(found: Iterable[Hold]) -> dict[str, Amount]:
     """The ``consumedCapacity`` of several holds, summed per capacity name."""
-    total: dict[str, Fraction] = {}
+    total: dict[str, Amount] = {}
     for hold in found:
         for name, value in hold.consumed:
-            total[name] = total.get(name, Fraction(0)) + value
+            total[name] = total.get(name, 0) + value
     return total
 
 

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from fractions import Fraction
 
 from dra_gpu.controller.inventory import (
+    Amount,
     Capacity,
     DeviceKey,
     Hold,
@@ -50,13 +49,13 @@ from dra_gpu.devices.model import format_bytes
 PoolKey = tuple[str, str]
 HOLDER_LIMIT = 3
 """Claims named as holders in one device's text; the rest are counted."""
-_ZERO = Fraction(0)
+_ZERO: Amount = 0
 
 
 # --- shares: the scheduler's rounding ----------------------------------------------------------
 
 
-def consumed_share(capacity: Capacity, requested: Fraction | None) -> Fraction:
+def consumed_share(capacity: Capacity, requested: Amount | None) -> Amount:
     """What one share takes of ``capacity`` for a request of ``requested`` (None: it asks
     nothing), as the scheduler rounds it."""
     if requested is None:
@@ -66,7 +65,7 @@ def consumed_share(capacity: Capacity, requested: Fraction | None) -> Fraction:
             return capacity.minimum
         if capacity.step is None or capacity.step <= 0:
             return requested
-        steps = math.ceil((requested - capacity.minimum) / capacity.step)
+        steps = -((capacity.minimum - requested) // capacity.step)  # exact ceiling
         return capacity.minimum + capacity.step * steps
     for value in capacity.valid_values:
         if requested <= value:
@@ -74,7 +73,7 @@ def consumed_share(capacity: Capacity, requested: Fraction | None) -> Fraction:
     return requested
 
 
-def violates_policy(capacity: Capacity, consumed: Fraction) -> bool:
+def violates_policy(capacity: Capacity, consumed: Amount) -> bool:
     """Whether a share of ``consumed`` is outside the request policy (``violatesPolicy``)."""
     if capacity.default is not None and consumed == capacity.default:
         return False
@@ -86,7 +85,7 @@ def violates_policy(capacity: Capacity, consumed: Fraction) -> bool:
     return bool(capacity.valid_values) and consumed not in capacity.valid_values
 
 
-def smallest_share(capacity: Capacity) -> Fraction:
+def smallest_share(capacity: Capacity) -> Amount:
     """The least a share can take: the range's minimum, the smallest valid value, else any."""
     if capacity.minimum is not None:
         return capacity.minimum
@@ -102,12 +101,12 @@ class ShareMiss:
     """``missing`` (the device has no such capacity), ``policy`` (the request policy does not
     allow the share), ``over`` (more than the device has at all), ``full`` (more than the
     shares held leave)."""
-    asks: Fraction
+    asks: Amount
     """What the share would take (after the policy's rounding)."""
-    requested: Fraction | None
+    requested: Amount | None
     """What the request asked (None: nothing, so the default share)."""
     have: Capacity | None = None
-    free: Fraction = _ZERO
+    free: Amount = _ZERO
 
     @property
     def intrinsic(self) -> bool:
@@ -116,7 +115,7 @@ class ShareMiss:
 
 
 def check_share(
-    device: PublishedDevice, requests: Mapping[str, Fraction] | None, used: Mapping[str, Fraction]
+    device: PublishedDevice, requests: Mapping[str, Amount] | None, used: Mapping[str, Amount]
 ) -> ShareMiss | None:
     """Whether a request asking ``requests`` (capacity name -> amount; None: nothing) fits
     ``device`` while ``used`` is taken by shares; None when it does."""
@@ -137,7 +136,7 @@ def check_share(
     return None
 
 
-def has_room(device: PublishedDevice, used: Mapping[str, Fraction]) -> bool:
+def has_room(device: PublishedDevice, used: Mapping[str, Amount]) -> bool:
     """Whether the smallest share would still fit every capacity of a shared device."""
     for name, capacity in device.capacities.items():
         free = capacity.value - used.get(name, _ZERO)
@@ -155,8 +154,8 @@ class Short:
 
     counter_set: str
     counter: str
-    needs: Fraction
-    free: Fraction
+    needs: Amount
+    free: Amount
     """What is left (never below zero)."""
 
 
@@ -170,7 +169,7 @@ def family(counter: str) -> str:
 class PoolUsage:
     """What the allocations of one pool use of its counter sets, and its memory in the metrics."""
 
-    used: Mapping[str, Mapping[str, Fraction]]
+    used: Mapping[str, Mapping[str, Amount]]
     """Counter set -> counter -> consumed by the devices claims hold."""
     allocated: Mapping[str, int]
     """Counter set -> devices consuming it that claims hold (partitions, or the whole GPU)."""
@@ -199,11 +198,13 @@ class Usage:
         self.pools = pools
         self._exclude = exclude
         self._kept: dict[PoolKey, PoolUsage] = {}
+        self._fits: dict[PoolKey, dict[PublishedDevice, bool]] = {}
 
     def forget(self, pools: Iterable[PoolKey]) -> None:
         """The pools' slices or the holders of their devices changed."""
         for key in pools:
             self._kept.pop(key, None)
+            self._fits.pop(key, None)
 
     def excluding(self, name: str, uid: str) -> Usage:
         return Usage(self.holders, self.pools, (name, uid))
@@ -236,7 +237,7 @@ class Usage:
             return self.holders.owners(key)
         return tuple(sorted({h.owner for h in self._holds(key)}))
 
-    def consumed(self, key: DeviceKey) -> Mapping[str, Fraction]:
+    def consumed(self, key: DeviceKey) -> Mapping[str, Amount]:
         """Capacity the shares of ``key`` consumed, per capacity name."""
         if self._exclude is None:
             return self.holders.consumed(key)
@@ -259,7 +260,7 @@ class Usage:
         pool = self.pools.get(key)
         if pool is None or not pool.counter_sets:
             return _EMPTY
-        used: dict[str, dict[str, Fraction]] = {}
+        used: dict[str, dict[str, Amount]] = {}
         allocated: dict[str, int] = {}
         memory: dict[str, int] = {}
         for index in sorted({i for indexes in pool.consumers.values() for i in indexes}):
@@ -307,6 +308,15 @@ class Usage:
         """The counters ``device`` consumes of which too little is left for it (empty: it fits)."""
         return [s for s in self.counters(device) if s.free < s.needs]
 
+    def counters_fit(self, device: PublishedDevice) -> bool:
+        """``not short(device)``, kept per pool until ``forget`` (every check of a request
+        asks it of every partition of every GPU)."""
+        per_pool = self._fits.setdefault((device.driver, device.pool), {})
+        found = per_pool.get(device)
+        if found is None:
+            found = per_pool[device] = not self.short(device)
+        return found
+
     def available(self, device: PublishedDevice) -> bool:
         """Whether a new claim (asking no capacity) could get ``device`` now: no claim holds it
         alone, its counters fit, and a shared device has room for a share."""
@@ -318,7 +328,7 @@ class Usage:
                 return False
         elif self.held(key):
             return False
-        if device.consumes and self.short(device):
+        if device.consumes and not self.counters_fit(device):
             return False
         return not device.shared or has_room(device, self.consumed(key))
 
@@ -362,7 +372,7 @@ class Usage:
 # --- in words ----------------------------------------------------------------------------------
 
 
-def show(value: Fraction) -> str:
+def show(value: Amount) -> str:
     """An amount as Kubernetes would print it: ``30Gi``, ``4``, ``0.5``."""
     if value.denominator == 1 and value >= 0:
         return format_bytes(int(value))
@@ -381,7 +391,7 @@ def counters_text(label: str, counters: list[Short], owners: tuple[str, ...]) ->
     """``node-01/gpu-0 needs compute-slices 7 of gpu-0-counters, 3 free; memory-slice 8, 3 free
     (held by ns/a, ns/b)``: of the ``counters`` a device consumes (``Usage.counters``), the
     families (``family``) with one short, each added up: what it needs, how much of that is free."""
-    per_set: dict[str, dict[str, list[Fraction]]] = {}
+    per_set: dict[str, dict[str, list[Amount]]] = {}
     short: set[tuple[str, str]] = set()
     for s in counters:
         name = family(s.counter)
@@ -428,12 +438,12 @@ def share_text(label: str, miss: ShareMiss, owners: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _requests_key(items: tuple[tuple[str, str], ...]) -> Mapping[str, Fraction] | None:
+def _requests_key(items: tuple[tuple[str, str], ...]) -> Mapping[str, Amount] | None:
     found = {name: value for name, text in items if (value := amount(text)) is not None}
     return found or None
 
 
-def capacity_requests(spec: Mapping[str, object]) -> Mapping[str, Fraction] | None:
+def capacity_requests(spec: Mapping[str, object]) -> Mapping[str, Amount] | None:
     """A request's ``capacity.requests`` (exactly or a subrequest), read; None when it asks
     for no capacity."""
     capacity = spec.get("capacity")

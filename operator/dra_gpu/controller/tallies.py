@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
-from fractions import Fraction
 from typing import Any
 
 from dra_gpu import cel, metrics
@@ -239,12 +238,12 @@ def pool_series(usage: partitions.Usage, pool: inventory.Pool) -> Series:
         used = usage.pool(pool.key)
         for name, counter_set in pool.counter_sets.items():
             node = counter_set.node or pool.pool
-            families: dict[str, list[Fraction]] = {}
+            families: dict[str, list[inventory.Amount]] = {}
             for counter, value in counter_set.counters.items():
-                taken = used.used.get(name, {}).get(counter, Fraction(0))
-                row = families.setdefault(partitions.family(counter), [Fraction(0), Fraction(0)])
+                taken = used.used.get(name, {}).get(counter, 0)
+                row = families.setdefault(partitions.family(counter), [0, 0])
                 row[0] += taken
-                row[1] += max(value - taken, Fraction(0))
+                row[1] += max(value - taken, 0)
             for counter, (taken, free) in families.items():
                 found[(metrics.COUNTERS, (node, name, counter, "used"))] = float(taken)
                 found[(metrics.COUNTERS, (node, name, counter, "free"))] = float(free)
