@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu import DEFAULT_DRIVER_NAME
-from dra_gpu.devices import health
+from dra_gpu.devices import health, sharing
 
 ENV_PREFIX = "DRA_GPU_"
 MAX_SOCKET_PATH = 107
@@ -68,6 +68,16 @@ class AgentSettings:
     ignored_xids: str = _xids(health.DEFAULT_IGNORED_XIDS)
     """Comma-separated XIDs that say nothing about the GPU (application errors): no taint.
     Every other XID taints it NoSchedule."""
+    shared_gpus: str = ""
+    """The nvml backend's GPUs that several claims may hold at once, each with a memory share,
+    as YAML or JSON: a list of ``{gpus: all | [<index> | "GPU-<uuid>", ...], mode: TimeSlicing |
+    MPS, memory: {default, min, max, step}}`` (README "Node configuration"). Empty: every GPU
+    exclusive. A GPU in MIG mode stays MIG-partitioned."""
+
+    @property
+    def shared_gpu_policy(self) -> sharing.SharedGpus:
+        """``shared_gpus`` parsed; InventoryError (a ValueError) naming the flag and field."""
+        return sharing.parse_shared_gpus(self.shared_gpus, source=_SHARED_GPUS)
 
     @property
     def xid_policy(self) -> health.XidPolicy:
@@ -110,6 +120,12 @@ class AgentSettings:
             self.xid_policy  # noqa: B018  (parses both lists)
         except ValueError as err:
             raise ValueError(f"{err} (--fatal-xids / --ignored-xids)") from None
+        if self.shared_gpus.strip() and self.backend != "nvml":
+            raise ValueError(
+                f"{_SHARED_GPUS}: only the nvml backend reads it; the simulated backend's "
+                "profile says which GPUs are shared (devices[].sharing)"
+            )
+        self.shared_gpu_policy  # noqa: B018  (parses it: a bad setting stops the agent at start)
         for socket in (self.registration_socket, self.dra_socket):
             if len(bytes(socket)) > MAX_SOCKET_PATH:
                 raise ValueError(
@@ -153,6 +169,13 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+_SHARED_GPUS = f"{flag_name('shared_gpus')} / {env_name('shared_gpus')}"
+
+
 def add_arguments(parser: argparse.ArgumentParser, settings_type: type[Any]) -> None:
     """One flag per settings field, each documented with its env twin and default."""
     hints = {f.name: f for f in dataclasses.fields(settings_type)}
@@ -185,10 +208,6 @@ def settings_from(
             continue
         values[field.name] = _convert(field, raw, source)
     return settings_type(**values)
-
-
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def _required(field: dataclasses.Field[Any]) -> bool:

@@ -55,7 +55,9 @@ def make_backend(settings: AgentSettings) -> model.Backend:
     if settings.backend == "nvml":
         from dra_gpu.devices.nvml import NvmlBackend
 
-        return NvmlBackend(settings.node_name, xids=settings.xid_policy)
+        return NvmlBackend(
+            settings.node_name, xids=settings.xid_policy, shared_gpus=settings.shared_gpu_policy
+        )
     from dra_gpu.devices.simulated import SimulatedBackend
 
     assert settings.profile is not None  # checked by AgentSettings

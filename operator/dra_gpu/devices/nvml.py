@@ -20,6 +20,15 @@ partition's memory as NVML reports it. The backend has the ``model.MigInstances`
 it creates a GPU instance at a placement with one compute instance spanning it, names it by its
 MIG device's UUID, lists the GPU instances of every profile, and destroys them. The agent owns
 the MIG configuration of GPUs in MIG mode: instances it did not create are destroyed at start.
+
+Sharing: the GPUs the agent's ``--shared-gpus`` setting names (``devices.sharing``) are offered
+to several claims at once, each with a memory share, exactly as a simulated GPU with ``sharing``
+is: the policy is checked against the memory NVML reports, and a policy that does not fit is an
+``InventoryError`` naming the GPU, the setting and the field. A named GPU in MIG mode is published
+MIG-partitioned and not shared, logged once: MIG mode is the hardware's state (it changes with
+``nvidia-smi -mig`` and a GPU reset), and failing the whole inventory for it would stop every
+other GPU of the node from being published. Names no GPU here has are logged once and passed
+over (one setting serves all nodes).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
-from dra_gpu.devices import health, mig, model
+from dra_gpu.devices import health, mig, model, sharing
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
@@ -182,10 +191,17 @@ class NvmlBackend:
     """
 
     def __init__(
-        self, node: str, nvml: NvmlApi | None = None, *, xids: health.XidPolicy | None = None
+        self,
+        node: str,
+        nvml: NvmlApi | None = None,
+        *,
+        xids: health.XidPolicy | None = None,
+        shared_gpus: sharing.SharedGpus | None = None,
     ) -> None:
         self.node = node
         self.xids = xids or health.XidPolicy()
+        self.shared_gpus = shared_gpus or sharing.SharedGpus()
+        self._logged: set[str] = set()  # notes on the setting, each logged once
         # Imported here, not at module load: a node without the NVIDIA driver can still import
         # the package and run the simulated backend.
         self._nvml = nvml if nvml is not None else cast(NvmlApi, importlib.import_module("pynvml"))
@@ -334,6 +350,10 @@ class NvmlBackend:
             )
             count = self._call("nvmlDeviceGetCount", None, nvml.nvmlDeviceGetCount)
             devices = tuple(self._read_gpu(index, driver, cuda, tables) for index in range(count))
+        for name in self.shared_gpus.absent(dict(enumerate(d.uuid for d in devices))):
+            self._log_once(
+                logging.INFO, f"{self.shared_gpus.source}: {name} is not on this node: passed over"
+            )
         try:
             return mig.partition_inventory(self.node, devices, tables)
         except model.InventoryError as err:
@@ -363,7 +383,8 @@ class NvmlBackend:
         memory_bytes = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo).total
         # MIG mode is "not supported" on GPUs without MIG: that is the answer "not capable".
         mig_mode = self._optional("nvmlDeviceGetMigMode", index, nvml.nvmlDeviceGetMigMode, handle)
-        if mig_mode is not None and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+        mig_on = mig_mode is not None and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE
+        if mig_on:
             profiles = self._mig_profiles(index, handle)
             tables[f"gpu-{index}"] = mig.MigTable(
                 product_name,
@@ -371,7 +392,7 @@ class NvmlBackend:
                 tuple(profile for _, profile in profiles.values()),
             )
         try:
-            return model.gpu_device(
+            device = model.gpu_device(
                 index=index,
                 uuid=uuid,
                 memory=model.format_bytes(memory_bytes),
@@ -384,8 +405,20 @@ class NvmlBackend:
                 mig_capable=mig_mode is not None,
                 pci_bus_id=pci_bus_id(bus_id),
             )
+            entry = self.shared_gpus.entry_for(index, uuid)
+            if entry is None:
+                return device
+            if mig_on:
+                self._log_once(
+                    logging.WARNING,
+                    f"GPU {index} is in MIG mode, so it is published MIG-partitioned and not "
+                    f"shared, although {self.shared_gpus.source} names it ({entry.gpus_path})",
+                )
+                return device
+            return self.shared_gpus.share(device, entry)
         except model.InventoryError as err:
-            # NVML answered, but with something the API cannot take (a version we cannot read).
+            # NVML answered, but with something the API cannot take (a version we cannot read),
+            # or a GPU that --shared-gpus names twice or whose memory its policy does not fit.
             raise model.InventoryError(f"node {self.node}: GPU {index}: {err}") from None
 
     # ---- MIG (model.MigInstances) ------------------------------------------------------
@@ -610,6 +643,11 @@ class NvmlBackend:
             if getattr(err, "value", None) == self._nvml.NVML_ERROR_NOT_SUPPORTED:
                 return None
             raise model.InventoryError(f"{self._where(index)}: NVML {name} failed: {err}") from err
+
+    def _log_once(self, level: int, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log.log(level, "node %s: %s", self.node, message)
 
     def _where(self, index: int | None) -> str:
         return f"node {self.node}" if index is None else f"node {self.node}: GPU {index}"

@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dra_gpu.devices import health, mig, model
+from dra_gpu.devices import health, mig, model, sharing, strict
 
 _R = TypeVar("_R")
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.dra-gpu.io")
@@ -277,7 +277,7 @@ def parse_faults(
 ) -> tuple[health.Fault, ...]:
     """The faults a faults file lists (see the module docstring); ignored XIDs give none."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = yaml.load(text, Loader=strict.StrictLoader)
     except yaml.YAMLError as err:
         raise model.ProfileError(f"faults file {source}: not valid YAML: {err}") from None
     parser = _Parser(source, what="faults file")
@@ -317,13 +317,9 @@ def load_profile(path: Path) -> Profile:
 
 def parse_profile(text: str, source: str = "<string>") -> Profile:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain data only
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise model.ProfileError(f"profile {source}: {where}{err.problem or err}") from None
-    except yaml.YAMLError as err:
-        raise model.ProfileError(f"profile {source}: not valid YAML: {err}") from None
+        data = strict.load_yaml(text)
+    except strict.FieldError as err:
+        raise model.ProfileError(f"profile {source}: {err}") from None
     return _Parser(source).profile(data)
 
 
@@ -337,17 +333,10 @@ class _Parser:
 
     def mapping(self, value: object, path: str, known: Collection[str] | None) -> dict[Any, Any]:
         """The mapping at ``path``; ``known`` lists its allowed keys, None allows any key."""
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise self.error(path, f"expected a mapping, got {_kind(value)}")
-        for key in value:
-            if known is not None and key not in known:
-                raise self.error(
-                    f"{path}.{key}" if path else str(key),
-                    f"unknown field (known: {', '.join(sorted(known))})",
-                )
-        return value
+        try:
+            return strict.mapping(value, path, known)
+        except strict.FieldError as err:
+            raise self.error(err.path, err.message) from None
 
     def profile(self, data: object) -> Profile:
         if data is None:
@@ -379,7 +368,7 @@ class _Parser:
         if entries is None:  # "devices:" with nothing after it, or no key: a node without GPUs
             entries = []
         if not isinstance(entries, list):
-            raise self.error(f"{path}.devices", f"expected a list, got {_kind(entries)}")
+            raise self.error(f"{path}.devices", f"expected a list, got {strict.kind(entries)}")
         devices: list[model.Device] = []
         first_use: dict[str, str] = {}
         for i, entry in enumerate(entries):
@@ -406,13 +395,13 @@ class _Parser:
                     )
                 first_use[device.name] = entry_path
                 table = {**defaults, **fields}.get("mig")
-                sharing = {**defaults, **fields}.get("sharing")
-                if table is not None and sharing is not None:
+                policy = {**defaults, **fields}.get("sharing")
+                if table is not None and policy is not None:
                     raise self.error(
                         f"{entry_path}.sharing", "a GPU with mig cannot also be shared"
                     )
-                if sharing is not None:
-                    device = self.shared(device, sharing, entry_path)
+                if policy is not None:
+                    device = self.shared(device, policy, entry_path)
                 devices.append(device)
                 if table is not None:
                     tables[device.name] = self.mig_table(device, table, entry_path)
@@ -450,37 +439,17 @@ class _Parser:
             )
         return table
 
-    def shared(self, device: model.Device, sharing: model.Sharing, path: str) -> model.Device:
-        memory = device.memory_bytes
-        assert memory is not None  # required above
+    def shared(self, device: model.Device, policy: model.Sharing, path: str) -> model.Device:
         try:
-            sharing.memory.check(memory)
-        except model.InventoryError as err:
-            field, _, message = str(err).partition(": ")
-            raise self.error(f"{path}.sharing.memory.{field}", message) from None
-        return dataclasses.replace(device, sharing=sharing)
+            return sharing.share(device, policy, f"{path}.sharing")
+        except strict.FieldError as err:
+            raise self.error(err.path, err.message) from None
 
     def sharing(self, value: object, path: str) -> model.Sharing:
-        block = self.mapping(value, path, {"mode", "memory"})
-        mode = block.get("mode", "TimeSlicing")
-        if mode not in model.SHARING_MODES:
-            raise self.error(
-                f"{path}.mode", f"{mode!r} is not one of {', '.join(model.SHARING_MODES)}"
-            )
-        if "memory" not in block:
-            raise self.error(f"{path}.memory", "required (default and min at least)")
-        memory = self.mapping(block["memory"], f"{path}.memory", {"default", "min", "max", "step"})
-        values: dict[str, str] = {}
-        for key in ("default", "min"):
-            if key not in memory:
-                raise self.error(f"{path}.memory.{key}", "required")
-        for key, raw in memory.items():
-            try:
-                quantity = _memory(raw)
-                values[key] = model.format_bytes(int(model.parse_quantity(quantity)))
-            except (model.InventoryError, ValueError) as err:
-                raise self.error(f"{path}.memory.{key}", str(err)) from None
-        return model.Sharing(mode, model.MemoryPolicy(**values))
+        try:
+            return sharing.parse_sharing(value, path)
+        except strict.FieldError as err:
+            raise self.error(err.path, err.message) from None
 
     def field(self, key: str, value: object, path: str) -> Any:
         if key == "sharing":
@@ -494,15 +463,9 @@ class _Parser:
 # --- field converters: each returns the parsed value or raises InventoryError ---------------------
 
 
-def _kind(value: object) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
-    names |= {list: "a list", dict: "a mapping", type(None): "nothing"}
-    return names.get(type(value), type(value).__name__)
-
-
 def _string(value: object) -> str:
     if not isinstance(value, str) or not value:
-        raise model.InventoryError(f"expected a non-empty string, got {_kind(value)}")
+        raise model.InventoryError(f"expected a non-empty string, got {strict.kind(value)}")
     model.StringValue(value)  # checks the API's length limit
     return value
 
@@ -513,22 +476,11 @@ def _name(value: object) -> str:
     return value
 
 
-def _memory(value: object) -> str:
-    # A bare number of bytes is a valid quantity; YAML reads it as an int.
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise model.InventoryError(f"expected a quantity such as 24Gi, got {_kind(value)}")
-    if model.parse_quantity(value) <= 0:
-        raise model.InventoryError(f"{value!r} must be more than zero")
-    return value
-
-
 def _version(value: object) -> str:
     if not isinstance(value, str):
         # YAML reads 12.10 as the float 12.1: only a quoted string keeps every digit.
         raise model.InventoryError(
-            f'expected a quoted version string such as "9.0", got {_kind(value)}'
+            f'expected a quoted version string such as "9.0", got {strict.kind(value)}'
         )
     return model.normalize_version(value)
 
@@ -539,7 +491,7 @@ def _optional_version(value: object) -> str | None:
 
 def _bool(value: object) -> bool:
     if not isinstance(value, bool):
-        raise model.InventoryError(f"expected true or false, got {_kind(value)}")
+        raise model.InventoryError(f"expected true or false, got {strict.kind(value)}")
     return value
 
 
@@ -569,7 +521,7 @@ _FIELDS: dict[str, Callable[[object], Any]] = {
     "count": _count,
     "uuid": _string,
     "pciBusID": _pci_address,
-    "memory": _memory,
+    "memory": sharing.memory_quantity,
     "productName": _string,
     "brand": _string,
     "architecture": _string,
@@ -581,23 +533,3 @@ _FIELDS: dict[str, Callable[[object], Any]] = {
     "mig": _mig,
     "sharing": lambda value: value,  # parsed by _Parser.sharing, which names the nested field
 }
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, which PyYAML would silently resolve to the last."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: list[object] = []
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            seen.append(key)
-        return super().construct_mapping(node, deep=deep)

@@ -7,6 +7,7 @@ import pytest
 
 from dra_gpu import config
 from dra_gpu.config import AgentSettings
+from dra_gpu.devices.model import MemoryPolicy
 
 
 def parse(argv: list[str], env: dict[str, str]) -> AgentSettings:
@@ -66,3 +67,50 @@ def test_every_flag_is_documented_with_its_env_twin() -> None:
 def test_a_kubelet_dir_too_long_for_unix_sockets_is_refused_naming_the_flag() -> None:
     with pytest.raises(ValueError, match=r"unix sockets allow 107: use a shorter --kubelet-dir"):
         AgentSettings(node_name="n", profile=Path("/p"), kubelet_dir=Path("/k" * 60))
+
+
+def test_shared_gpus_come_from_the_flag_or_its_env_twin() -> None:
+    setting = "[{gpus: [0, GPU-abc], mode: MPS, memory: {default: 8Gi, min: 4Gi, step: 4Gi}}]"
+    for argv, env in (
+        (["--shared-gpus", setting], {}),
+        ([], {"DRA_GPU_SHARED_GPUS": setting}),
+    ):
+        settings = parse(["--node-name", "n", "--backend", "nvml", *argv], env)
+        (entry,) = settings.shared_gpu_policy.entries
+        assert (entry.indexes, entry.uuids, entry.sharing.mode) == (
+            frozenset({0}),
+            frozenset({"GPU-abc"}),
+            "MPS",
+        )
+        assert entry.sharing.memory == MemoryPolicy("8Gi", "4Gi", step="4Gi")
+    assert parse(["--node-name", "n", "--backend", "nvml"], {}).shared_gpu_policy.entries == ()
+
+
+@pytest.mark.parametrize(
+    ("backend", "setting", "message"),
+    [
+        (
+            "nvml",
+            "{gpus: all, memory: {default: 8Gi}}",
+            "--shared-gpus / DRA_GPU_SHARED_GPUS: memory.min: required",
+        ),
+        (
+            "nvml",
+            "[{gpus: all, memory: {default: 8Gi, min: 4Gi, max: 6Gi}}]",
+            "--shared-gpus / DRA_GPU_SHARED_GPUS: [0].memory.default: 8Gi is more than max 6Gi",
+        ),
+        (
+            "simulated",
+            "{gpus: all, memory: {default: 8Gi, min: 4Gi}}",
+            "--shared-gpus / DRA_GPU_SHARED_GPUS: only the nvml backend reads it; the "
+            "simulated backend's profile says which GPUs are shared (devices[].sharing)",
+        ),
+    ],
+)
+def test_a_bad_shared_gpus_setting_stops_the_agent_naming_the_flag_and_field(
+    backend: str, setting: str, message: str
+) -> None:
+    argv = ["--node-name", "n", "--backend", backend, "--profile", "/p"]
+    with pytest.raises(ValueError, match=r"^--shared-gpus") as raised:
+        parse(argv, {"DRA_GPU_SHARED_GPUS": setting})
+    assert str(raised.value) == message
