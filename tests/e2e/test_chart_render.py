@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from dra_gpu import config
-from dra_gpu.devices import simulated
+from dra_gpu.devices import model, simulated
 from dra_gpu.testing import default_bin_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,6 +147,27 @@ def test_full_values_reach_the_settings() -> None:
     )
     assert (controller.lease_seconds, controller.resync_seconds) == (20, 15.5)
     assert find(docs, "DaemonSet")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    mps, time_slicing = agent.shared_gpu_policy.entries
+    assert (mps.indexes, mps.uuids) == ({0}, {"GPU-5f2a1c3e-0001-4000-8000-000000000001"})
+    assert (time_slicing.indexes, time_slicing.sharing.mode) == ({2}, "TimeSlicing")
+
+
+def test_nvml_sharing_reaches_the_agent_as_its_shared_gpus_setting() -> None:
+    """agent.nvml.sharing is the agent's --shared-gpus, the same entries; unset, no variable."""
+    assert "DRA_GPU_SHARED_GPUS" not in env_of(find(render(), "DaemonSet"), DOWNWARD)
+    entry = {
+        "gpus": "all",
+        "mode": "MPS",
+        "memory": {"default": "8Gi", "min": "4Gi", "max": 32 * 2**30},
+    }
+    docs = render(
+        "--set", "agent.backend=nvml", "--set-json", f"agent.nvml.sharing=[{json.dumps(entry)}]"
+    )
+    env = env_of(find(docs, "DaemonSet"), DOWNWARD)
+    settings = settings_from_env(config.AgentSettings, env)
+    (shared,) = settings.shared_gpu_policy.entries
+    assert shared.every
+    assert shared.sharing == model.Sharing("MPS", model.MemoryPolicy("8Gi", "4Gi", max="32Gi"))
 
 
 def test_agent_host_paths_are_mounted_at_the_same_paths() -> None:
@@ -268,6 +289,12 @@ def test_policy_matches_exactly_the_agent_service_account() -> None:
     }
 
 
+def _nvml_sharing(entry: dict[str, Any]) -> dict[str, Any]:
+    """Values with one agent.nvml.sharing entry: a valid one, with ``entry``'s keys replaced."""
+    valid = {"gpus": "all", "memory": {"default": "8Gi", "min": "4Gi"}}
+    return {"agent": {"backend": "nvml", "nvml": {"sharing": [valid | entry]}}}
+
+
 @pytest.mark.parametrize(
     ("values", "named"),
     [
@@ -287,6 +314,17 @@ def test_policy_matches_exactly_the_agent_service_account() -> None:
         (
             {"deviceClasses": {"extra": [{"name": "x", "extendedResourceName": "a b/c"}]}},
             "/deviceClasses/extra/0/extendedResourceName",
+        ),
+        (_nvml_sharing({"gpus": [0], "mode": "x"}), "/agent/nvml/sharing/0/mode"),
+        (_nvml_sharing({"gpus": ["gpu-0"]}), "/agent/nvml/sharing/0/gpus/0"),
+        (
+            _nvml_sharing({"memory": {"default": "8 Gi", "min": 1}}),
+            "/agent/nvml/sharing/0/memory/default",
+        ),
+        (_nvml_sharing({"memory": {"default": "8Gi"}}), "/agent/nvml/sharing/0/memory"),
+        (
+            {"agent": {"nvml": {"sharing": [{"gpus": "all", "memory": {"default": 1, "min": 1}}]}}},
+            "agent.nvml.sharing: only the nvml backend reads it",
         ),
     ],
 )
