@@ -166,11 +166,12 @@ def parse_shared_gpus(text: str, source: str = "--shared-gpus") -> SharedGpus:
 def _entries(data: object) -> tuple[Entry, ...]:
     if data is None:
         return ()
-    items = [("", data)] if isinstance(data, dict) else None
-    if items is None:
-        if not isinstance(data, list):
-            raise strict.FieldError("", f"expected a list of entries, got {strict.kind(data)}")
+    if isinstance(data, dict):  # a lone entry
+        items: list[tuple[str, object]] = [("", data)]
+    elif isinstance(data, list):
         items = [(f"[{i}]", item) for i, item in enumerate(data)]
+    else:
+        raise strict.FieldError("", f"expected a list of entries, got {strict.kind(data)}")
     entries: list[Entry] = []
     named: dict[int | str, str] = {}  # index or UUID -> where it was named first
     for path, item in items:
