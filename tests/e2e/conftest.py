@@ -13,11 +13,12 @@ The node binaries and images come from the repository's build scripts (cached un
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.testing import (
+    AgentProcess,
     ControllerProcess,
     ControlPlane,
     NodeRuntime,
@@ -139,6 +141,39 @@ async def namespace(
 ) -> AsyncIterator[str]:
     async with helpers.isolated_namespace(request, api, kubectl) as name:
         yield name
+
+
+@pytest_asyncio.fixture
+async def agent_with(
+    control_plane: ControlPlane,
+    node_named: dict[str, RealNode],
+    api: kube.Kube,
+    namespace: str,
+    tmp_path: Path,
+) -> AsyncIterator[helpers.AgentStarter]:
+    """See ``helpers.AgentStarter``."""
+
+    @contextlib.asynccontextmanager
+    async def start(
+        profile: str | Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        pods_gone_within: float = 120,
+    ) -> AsyncIterator[AgentProcess]:
+        if isinstance(profile, str):
+            (path := tmp_path / "profile.yaml").write_text(profile)
+            profile = path
+        started = AgentProcess.on(
+            node_named["node-01"],
+            control_plane.kubeconfig,
+            tmp_path / "agent",
+            profile=profile,
+            env=dict(env or {}),
+        )
+        async with helpers.agent_on(api, started, namespace, pods_gone_within=pods_gone_within):
+            yield started
+
+    yield start
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -8,8 +8,9 @@ import itertools
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -27,6 +28,8 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "crds-examples"
+TUTORIAL_PROFILE = REPO / "charts/dra-gpu/profiles/tutorial.yaml"
+"""The tutorial's simulated GPUs: gpu-0 24Gi and gpu-1 8Gi on node-01."""
 
 
 class Kubectl:
@@ -106,6 +109,57 @@ async def agent_on(
         await eventually(no_pods, timeout=pods_gone_within, what="test pods gone")
         agent.stop()
         await delete_our_slices(api, [agent.node])
+
+
+class AgentStarter(Protocol):
+    """The ``agent_with`` fixture: an agent on node-01 with a simulated profile (a path, or
+    the text of one); the test's pods go before it stops (``agent_on``)."""
+
+    def __call__(
+        self,
+        profile: str | Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        pods_gone_within: float = 120,
+    ) -> contextlib.AbstractAsyncContextManager[AgentProcess]: ...
+
+
+async def claim_and_pod(
+    api: kube.Kube,
+    ns: str,
+    name: str,
+    device_class: str,
+    *,
+    selector: str | None = None,
+    memory: str | None = None,
+    node: str = "node-01",
+) -> None:
+    """A claim ``name`` with one request ``gpu`` of ``device_class`` (a CEL ``selector``, a
+    ``memory`` share), and a pod ``name`` on ``node`` that uses it."""
+    exactly: kube.Body = {"deviceClassName": device_class}
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    await api.create(
+        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
+        {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        },
+    )
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [workload("main", claims=["gpu"])],
+                "terminationGracePeriodSeconds": 1,
+            },
+        },
+    )
 
 
 async def events_of(api: kube.Kube, namespace: str, kind: str = "Pod") -> list[kube.Body]:

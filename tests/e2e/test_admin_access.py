@@ -11,19 +11,25 @@ same assertions hold on every version the project supports.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.agent.claims import ADMIN_ACCESS_ENV
-from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import Kubectl, agent_on, container_env, driver_class, event_with, workload
+from dra_gpu.testing import AgentProcess, eventually
+from tests.e2e.helpers import (
+    TUTORIAL_PROFILE,
+    AgentStarter,
+    Kubectl,
+    container_env,
+    driver_class,
+    event_with,
+    workload,
+)
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
-PROFILE = Path(__file__).resolve().parents[2] / "charts/dra-gpu/profiles/tutorial.yaml"
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 
 
@@ -34,17 +40,8 @@ async def admin_class(api: kube.Kube) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
-async def agent(
-    control_plane: ControlPlane,
-    node_named: dict[str, RealNode],
-    api: kube.Kube,
-    namespace: str,
-    tmp_path: Path,
-) -> AsyncIterator[AgentProcess]:
-    started = AgentProcess.on(
-        node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=PROFILE
-    )
-    async with agent_on(api, started, namespace):
+async def agent(agent_with: AgentStarter) -> AsyncIterator[AgentProcess]:
+    async with agent_with(TUTORIAL_PROFILE) as started:
         yield started
 
 

@@ -36,6 +36,7 @@ from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
 from tests.e2e.helpers import (
     EXAMPLES,
+    TUTORIAL_PROFILE,
     Kubectl,
     delete_our_slices,
     driver_class,
@@ -46,7 +47,7 @@ from tests.e2e.helpers import (
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
-TUTORIAL_PROFILE = EXAMPLES.parent / "charts/dra-gpu/profiles/tutorial.yaml"
+
 AgentFactory = Callable[..., Awaitable[AgentProcess]]
 
 

@@ -25,7 +25,7 @@ from dra_gpu.testing import (
     start_nodes,
 )
 from tests.e2e import helpers
-from tests.e2e.helpers import EXAMPLES, workload
+from tests.e2e.helpers import TUTORIAL_PROFILE, workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 NODES = ("node-01", "node-02")
@@ -54,7 +54,7 @@ async def world(
                     node,
                     cp.kubeconfig,
                     short_path / f"agent-{node.name}",
-                    profile=EXAMPLES.parent / "charts/dra-gpu/profiles/tutorial.yaml",
+                    profile=TUTORIAL_PROFILE,
                 )
                 for node in nodes
             ]

@@ -14,9 +14,7 @@ and exclusive, and these tests check that no counter or share series appears.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_gpu import kube
 from dra_gpu.controller.reporter import COMPONENT
 from dra_gpu.devices import mig
-from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import agent_on, driver_class, server_minor, workload
+from dra_gpu.testing import ControllerProcess, eventually
+from tests.e2e.helpers import AgentStarter, claim_and_pod, driver_class, server_minor
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -45,71 +43,12 @@ nodes:
 """
 PLACEMENTS = {mig.partition_name_of("gpu-0", p): p for p in mig.placements(mig.A100_40GB)}
 SET = "gpu-0-counters"
-Starter = Callable[[str], contextlib.AbstractAsyncContextManager[AgentProcess]]
 
 
 @pytest_asyncio.fixture
 async def test_class(api: kube.Kube) -> AsyncIterator[str]:
     async with driver_class(api, "dra-gpu-test-partitions") as name:
         yield name
-
-
-@pytest_asyncio.fixture
-async def agent_with(
-    control_plane: ControlPlane,
-    node_named: dict[str, RealNode],
-    api: kube.Kube,
-    namespace: str,
-    tmp_path: Path,
-) -> AsyncIterator[Starter]:
-    """Starts an agent on node-01 with a profile (the test's pods go before it stops)."""
-
-    @contextlib.asynccontextmanager
-    async def start(profile_text: str) -> AsyncIterator[AgentProcess]:
-        profile = tmp_path / "profile.yaml"
-        profile.write_text(profile_text)
-        started = AgentProcess.on(
-            node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=profile
-        )
-        async with agent_on(api, started, namespace, pods_gone_within=120):
-            yield started
-
-    yield start
-
-
-async def claim_and_pod(
-    api: kube.Kube,
-    ns: str,
-    name: str,
-    device_class: str,
-    *,
-    selector: str | None = None,
-    memory: str | None = None,
-) -> None:
-    exactly: kube.Body = {"deviceClassName": device_class}
-    if selector is not None:
-        exactly["selectors"] = [{"cel": {"expression": selector}}]
-    if memory is not None:
-        exactly["capacity"] = {"requests": {"memory": memory}}
-    await api.create(
-        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-        {
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        },
-    )
-    await api.create(
-        f"/api/v1/namespaces/{ns}/pods",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [workload("main", claims=["gpu"])],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
 
 
 def attribute_is(name: str, value: str) -> str:
@@ -168,7 +107,7 @@ async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_
     namespace: str,
     test_class: str,
     controller: ControllerProcess,
-    agent_with: Starter,
+    agent_with: AgentStarter,
 ) -> None:
     ns = namespace
     async with agent_with(MIG_PROFILE):
@@ -246,7 +185,7 @@ async def test_shares_held_explain_a_share_that_does_not_fit_and_the_metrics_mat
     namespace: str,
     test_class: str,
     controller: ControllerProcess,
-    agent_with: Starter,
+    agent_with: AgentStarter,
 ) -> None:
     ns = namespace
     async with agent_with(SHARED_PROFILE):

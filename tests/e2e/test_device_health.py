@@ -18,12 +18,18 @@ import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.controller.reporter import COMPONENT
-from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, RealNode, eventually
-from tests.e2e.helpers import agent_on, driver_class, events_of, server_minor, workload
+from dra_gpu.testing import AgentProcess, ControllerProcess, eventually
+from tests.e2e.helpers import (
+    TUTORIAL_PROFILE,
+    AgentStarter,
+    driver_class,
+    events_of,
+    server_minor,
+    workload,
+)
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
-PROFILE = Path(__file__).resolve().parents[2] / "charts/dra-gpu/profiles/tutorial.yaml"
 QUIET_SECONDS = 8
 
 
@@ -39,25 +45,13 @@ async def health_class(api: kube.Kube) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
-async def agent(
-    control_plane: ControlPlane,
-    node_named: dict[str, RealNode],
-    api: kube.Kube,
-    namespace: str,
-    tmp_path: Path,
-) -> AsyncIterator[AgentProcess]:
-    started = AgentProcess.on(
-        node_named["node-01"],
-        control_plane.kubeconfig,
-        tmp_path / "agent",
-        profile=PROFILE,
-        env={
-            "DRA_GPU_FAULTS_FILE": str(tmp_path / "faults.yaml"),
-            "DRA_GPU_HEALTH_QUIET_SECONDS": str(QUIET_SECONDS),
-            "DRA_GPU_HEALTH_POLL_SECONDS": "0.5",
-        },
-    )
-    async with agent_on(api, started, namespace):
+async def agent(agent_with: AgentStarter, tmp_path: Path) -> AsyncIterator[AgentProcess]:
+    env = {
+        "DRA_GPU_FAULTS_FILE": str(tmp_path / "faults.yaml"),
+        "DRA_GPU_HEALTH_QUIET_SECONDS": str(QUIET_SECONDS),
+        "DRA_GPU_HEALTH_POLL_SECONDS": "0.5",
+    }
+    async with agent_with(TUTORIAL_PROFILE, env=env, pods_gone_within=60) as started:
         yield started
 
 

@@ -11,18 +11,18 @@ the same test asserts there instead.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest_asyncio
 import yaml
 
 from dra_gpu import kube
-from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from dra_gpu.testing import AgentProcess, eventually
 from tests.e2e.helpers import (
     REPO,
+    TUTORIAL_PROFILE,
+    AgentStarter,
     Helm,
     Kubectl,
-    agent_on,
     event_with,
     gpu_env,
     server_minor,
@@ -31,7 +31,6 @@ from tests.e2e.helpers import (
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 CHART = REPO / "charts" / "dra-gpu"
-PROFILE = CHART / "profiles" / "tutorial.yaml"
 EXTENDED = "gpu.example.com/gpu"
 
 
@@ -47,17 +46,8 @@ async def chart_class(api: kube.Kube, helm: Helm) -> AsyncIterator[kube.Body]:
 
 
 @pytest_asyncio.fixture
-async def agent(
-    control_plane: ControlPlane,
-    node_named: dict[str, RealNode],
-    api: kube.Kube,
-    namespace: str,
-    tmp_path: Path,
-) -> AsyncIterator[AgentProcess]:
-    started = AgentProcess.on(
-        node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=PROFILE
-    )
-    async with agent_on(api, started, namespace):
+async def agent(agent_with: AgentStarter) -> AsyncIterator[AgentProcess]:
+    async with agent_with(TUTORIAL_PROFILE) as started:
         yield started
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dra_gpu.testing import AgentProcess, ControllerProcess, ControlPlane, as_user, eventually
-from tests.e2e.helpers import EXAMPLES
+from tests.e2e.helpers import TUTORIAL_PROFILE
 
 IMAGE_UID = 65532
 
@@ -72,7 +72,7 @@ async def test_agent_starts_as_the_image_user(foreign_home: Path) -> None:
         kubeconfig=foreign_home / "kubeconfig",
         kubelet_dir=kubelet_dir,
         state_dir=foreign_home / "state",
-        profile=EXAMPLES.parent / "charts/dra-gpu/profiles/tutorial.yaml",
+        profile=TUTORIAL_PROFILE,
         run_as=IMAGE_UID,
     )
     process.state_dir.mkdir()

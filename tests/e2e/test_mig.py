@@ -21,7 +21,6 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -29,15 +28,15 @@ import pytest_asyncio
 from dra_gpu import kube
 from dra_gpu.agent import checkpoint, failpoints, runner
 from dra_gpu.devices import mig
-from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from dra_gpu.testing import AgentProcess, RealNode, eventually
 from tests.e2e.helpers import (
+    AgentStarter,
     Kubectl,
-    agent_on,
+    claim_and_pod,
     driver_class,
     events_of,
     gpu_env,
     server_minor,
-    workload,
 )
 
 DRIVER = "gpu.example.com"
@@ -61,23 +60,10 @@ async def mig_class(api: kube.Kube) -> AsyncIterator[str]:
 
 @pytest_asyncio.fixture
 async def agent(
-    control_plane: ControlPlane,
-    node_named: dict[str, RealNode],
-    api: kube.Kube,
-    namespace: str,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
+    agent_with: AgentStarter, request: pytest.FixtureRequest
 ) -> AsyncIterator[AgentProcess]:
-    profile = tmp_path / "mig.yaml"
-    profile.write_text(PROFILE)
-    started = AgentProcess.on(
-        node_named["node-01"],
-        control_plane.kubeconfig,
-        tmp_path / "agent",
-        profile=profile,
-        env={failpoints.ENV: "mig-instance-created=1"} if "crash" in request.node.name else {},
-    )
-    async with agent_on(api, started, namespace, pods_gone_within=120):
+    env = {failpoints.ENV: "mig-instance-created=1"} if "crash" in request.node.name else {}
+    async with agent_with(PROFILE, env=env) as started:
         yield started
     assert instances(started) == {}, "every instance destroyed once the pods are gone"
 
@@ -113,29 +99,6 @@ def selector(profile: str) -> str:
     if profile == "whole":
         return f'{attrs}.type == "gpu"'
     return f'"profile" in {attrs} && {attrs}.profile == "{profile}"'
-
-
-async def claim_and_pod(api: kube.Kube, ns: str, name: str, device_class: str, cel: str) -> None:
-    exactly = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}]}
-    await api.create(
-        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-        {
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        },
-    )
-    await api.create(
-        f"/api/v1/namespaces/{ns}/pods",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [workload("main", claims=["gpu"])],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
 
 
 async def allocated(api: kube.Kube, ns: str) -> dict[str, str]:
@@ -195,7 +158,7 @@ async def test_a_burst_of_mig_claims_never_over_commits_the_gpu(
     names = [f"c{i}-{p.replace('.', '-')}" for i, p in enumerate(BURST)]
     await asyncio.gather(
         *(
-            claim_and_pod(api, ns, n, mig_class, selector(p))
+            claim_and_pod(api, ns, n, mig_class, selector=selector(p))
             for n, p in zip(names, BURST, strict=True)
         )
     )
@@ -204,7 +167,7 @@ async def test_a_burst_of_mig_claims_never_over_commits_the_gpu(
     )
     devices = [d["name"] for s in await published() for d in s["spec"].get("devices") or []]
     # Then a claim for the whole GPU.
-    await claim_and_pod(api, ns, "whole", mig_class, selector("whole"))
+    await claim_and_pod(api, ns, "whole", mig_class, selector=selector("whole"))
     (after,) = await eventually(
         lambda: settled(api, ns, [*names, "whole"]), timeout=180, what="whole-GPU claim scheduled"
     )
@@ -265,7 +228,7 @@ async def one_running_pod(
 ) -> str:
     """A pod on a 3g.20gb partition (1.35: on the whole GPU); returns the allocated device."""
     await claim_and_pod(
-        api, ns, name, device_class, selector("3g.20gb" if partitions_served else "whole")
+        api, ns, name, device_class, selector=selector("3g.20gb" if partitions_served else "whole")
     )
 
     async def running() -> bool:
@@ -323,7 +286,9 @@ async def test_a_crash_between_creating_an_instance_and_recording_it_leaks_none(
     ns = namespace
     served = await server_minor(api) >= 36
     name = "crashing"
-    await claim_and_pod(api, ns, name, mig_class, selector("3g.20gb" if served else "whole"))
+    await claim_and_pod(
+        api, ns, name, mig_class, selector=selector("3g.20gb" if served else "whole")
+    )
     if served:
 
         def died() -> bool:

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest_asyncio
 
 from dra_gpu import kube, quantities
-from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from dra_gpu.testing import AgentProcess, eventually
 from tests.e2e.helpers import (
+    AgentStarter,
     Kubectl,
-    agent_on,
+    claim_and_pod,
     container_env,
     driver_class,
     events_of,
     server_minor,
-    workload,
 )
 
 DRIVER = "gpu.example.com"
@@ -48,47 +47,9 @@ async def shared_class(api: kube.Kube) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
-async def agent(
-    control_plane: ControlPlane,
-    node_named: dict[str, RealNode],
-    api: kube.Kube,
-    namespace: str,
-    tmp_path: Path,
-) -> AsyncIterator[AgentProcess]:
-    profile = tmp_path / "shares.yaml"
-    profile.write_text(PROFILE)
-    started = AgentProcess.on(
-        node_named["node-01"], control_plane.kubeconfig, tmp_path / "agent", profile=profile
-    )
-    async with agent_on(api, started, namespace, pods_gone_within=120):
+async def agent(agent_with: AgentStarter) -> AsyncIterator[AgentProcess]:
+    async with agent_with(PROFILE) as started:
         yield started
-
-
-async def claim_and_pod(
-    api: kube.Kube, ns: str, name: str, device_class: str, memory: str | None
-) -> None:
-    exactly: kube.Body = {"deviceClassName": device_class}
-    if memory is not None:
-        exactly["capacity"] = {"requests": {"memory": memory}}
-    await api.create(
-        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-        {
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        },
-    )
-    await api.create(
-        f"/api/v1/namespaces/{ns}/pods",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [workload("main", claims=["gpu"])],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
 
 
 async def allocated(api: kube.Kube, ns: str) -> dict[str, kube.Body]:
@@ -164,7 +125,7 @@ async def test_three_pods_share_one_gpu_each_with_its_memory_share(
         }
     wanted = {"small": None, "medium": "12Gi", "large": "14Gi"}  # 8Gi (default), 12Gi, 16Gi
     for name, memory in wanted.items():
-        await claim_and_pod(api, ns, name, shared_class, memory)
+        await claim_and_pod(api, ns, name, shared_class, memory=memory)
 
     if not shared:
         # 1.35: published exclusive (the log says why); one pod gets gpu-0 whole.
@@ -223,7 +184,7 @@ async def test_a_burst_of_shares_never_holds_more_than_the_gpus_memory(
     ns = namespace
     shared = await server_minor(api) >= 36
     names = [f"s{i}" for i in range(6)]
-    await asyncio.gather(*(claim_and_pod(api, ns, n, shared_class, "12Gi") for n in names))
+    await asyncio.gather(*(claim_and_pod(api, ns, n, shared_class, memory="12Gi") for n in names))
 
     async def settled(waiting: list[str]) -> tuple[dict[str, kube.Body]] | None:
         """Once every pod of ``waiting`` runs or was found unschedulable: what is allocated."""
