@@ -509,14 +509,20 @@ def char_at(s: str, i: int) -> str:
     return s[i] if i < len(s) else ""
 
 
-def index_of(s: str, sub: str, offset: int = 0) -> int:
+def _answer_without_search(s: str, sub: str, offset: int) -> int | None:
+    """What ``indexOf`` and ``lastIndexOf`` answer before searching (cel-go's checks)."""
     if offset < 0:
         raise CelError(f"index out of range: {offset}")
     if sub == "":
         return len(s) if offset > len(s) else offset
     if offset >= len(s):
         return -1
-    return s.find(sub, offset)
+    return None
+
+
+def index_of(s: str, sub: str, offset: int = 0) -> int:
+    early = _answer_without_search(s, sub, offset)
+    return early if early is not None else s.find(sub, offset)
 
 
 def last_index_of(s: str, sub: str, offset: int | None = None) -> int:
@@ -526,12 +532,9 @@ def last_index_of(s: str, sub: str, offset: int | None = None) -> int:
         if len(s.encode()) < len(sub.encode()):
             return -1
         offset = len(s) - 1
-    if offset < 0:
-        raise CelError(f"index out of range: {offset}")
-    if sub == "":
-        return len(s) if offset > len(s) else offset
-    if offset >= len(s):
-        return -1
+    early = _answer_without_search(s, sub, offset)
+    if early is not None:
+        return early
     if offset > len(s) - len(sub):
         offset = len(s) - len(sub)
     if offset < 0:
