@@ -102,6 +102,15 @@ NAMES = (
 )
 
 
+async def published_plain(controller: ControllerProcess, absent: str) -> None:
+    """1.35: the one GPU is published (whole, exclusive) and no ``absent`` series exists."""
+    await eventually(
+        lambda: series(controller, *NAMES).get(("dra_gpu_devices", "published")) == 1,
+        what="gpu-0 published",
+    )
+    assert not any(k[0] == absent for k in series(controller, *NAMES))
+
+
 async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_scheduler(
     api: kube.Kube,
     namespace: str,
@@ -113,11 +122,7 @@ async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_
     async with agent_with(MIG_PROFILE):
         if await server_minor(api) < 36:
             # 1.35: the GPU is published whole (no counters), so nothing is counted per set.
-            await eventually(
-                lambda: series(controller, *NAMES).get(("dra_gpu_devices", "published")) == 1,
-                what="gpu-0 published whole",
-            )
-            assert not any(k[0] == "dra_gpu_counters" for k in series(controller, *NAMES))
+            await published_plain(controller, "dra_gpu_counters")
             return
         wanted = {"a": "3g.20gb", "b": "2g.10gb", "c": "1g.5gb"}
         for name, profile in wanted.items():
@@ -191,11 +196,7 @@ async def test_shares_held_explain_a_share_that_does_not_fit_and_the_metrics_mat
     async with agent_with(SHARED_PROFILE):
         if await server_minor(api) < 36:
             # 1.35: the GPU is published exclusive; no shared device is counted.
-            await eventually(
-                lambda: series(controller, *NAMES).get(("dra_gpu_devices", "published")) == 1,
-                what="gpu-0 published",
-            )
-            assert not any(k[0] == "dra_gpu_shares" for k in series(controller, *NAMES))
+            await published_plain(controller, "dra_gpu_shares")
             return
         for name in ("a", "b"):
             await claim_and_pod(api, ns, name, test_class, memory="16Gi")
