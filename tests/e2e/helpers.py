@@ -148,6 +148,11 @@ async def claim_and_pod(
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         },
     )
+    await pod_with_claim(api, ns, name, node)
+
+
+async def pod_with_claim(api: kube.Kube, ns: str, name: str, node: str = "node-01") -> None:
+    """Pod ``name`` on ``node`` using claim ``name`` (its container ``main``)."""
     await api.create(
         f"/api/v1/namespaces/{ns}/pods",
         {

@@ -25,7 +25,7 @@ from tests.e2e.helpers import (
     container_env,
     driver_class,
     event_with,
-    workload,
+    pod_with_claim,
 )
 
 DRIVER = "gpu.example.com"
@@ -55,21 +55,6 @@ def claim_body(name: str, device_class: str, *, cel: str = "", admin: bool = Fal
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }
-
-
-async def pod_with_claim(api: kube.Kube, ns: str, name: str) -> None:
-    await api.create(
-        f"/api/v1/namespaces/{ns}/pods",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [workload("main", claims=["gpu"])],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
 
 
 async def results(api: kube.Kube, ns: str, claim: str) -> list[kube.Body] | None:

@@ -22,15 +22,16 @@ from dra_gpu.testing import AgentProcess, ControllerProcess, eventually
 from tests.e2e.helpers import (
     TUTORIAL_PROFILE,
     AgentStarter,
+    claim_and_pod,
     driver_class,
     events_of,
     server_minor,
-    workload,
 )
 
 DRIVER = "gpu.example.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
 QUIET_SECONDS = 8
+GPU_0 = f'device.attributes["{DRIVER}"].index == 0'
 
 
 async def taints_served(api: kube.Kube) -> bool:
@@ -53,41 +54,6 @@ async def agent(agent_with: AgentStarter, tmp_path: Path) -> AsyncIterator[Agent
     }
     async with agent_with(TUTORIAL_PROFILE, env=env, pods_gone_within=60) as started:
         yield started
-
-
-async def gpu_pod(api: kube.Kube, ns: str, name: str, device_class: str, cel: str) -> None:
-    """Pod ``name`` on node-01 with its own claim ``name`` for one device that ``cel`` admits."""
-    await api.create(
-        f"{RESOURCE}/namespaces/{ns}/resourceclaims",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": device_class,
-                                "selectors": [{"cel": {"expression": cel}}],
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    )
-    await api.create(
-        f"/api/v1/namespaces/{ns}/pods",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": "node-01"},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [workload("main", claims=["gpu"])],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
 
 
 async def allocated_device(api: kube.Kube, ns: str, claim: str) -> str | None:
@@ -169,9 +135,8 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
         await left_out_until_quiet(api, agent, tmp_path, "gpu-0: {xid: 999}\n")
         return
     ns = namespace
-    gpu0 = f'device.attributes["{DRIVER}"].index == 0'
     # A pod on gpu-0 while it is healthy.
-    await gpu_pod(api, ns, "before", health_class, gpu0)
+    await claim_and_pod(api, ns, "before", health_class, selector=GPU_0)
     pod = await eventually(lambda: running(api, ns, "before"), what="pod before Running")
     assert await allocated_device(api, ns, "before") == "gpu-0"
     assert gpu0_health(pod) in (None, "Healthy")
@@ -228,13 +193,13 @@ async def test_a_faulty_gpu_is_tainted_avoided_reported_and_serves_again_once_qu
 
     # A new pod that would take either GPU is given gpu-1: the scheduler honours the taint.
     await delete_pod_and_claim(api, ns, "before")
-    await gpu_pod(api, ns, "during", health_class, "true")
+    await claim_and_pod(api, ns, "during", health_class, selector="true")
     await eventually(lambda: running(api, ns, "during"), what="pod during Running")
     assert await allocated_device(api, ns, "during") == "gpu-1"
     await delete_pod_and_claim(api, ns, "during")
 
     # A pod that asks for gpu-0 itself waits, and the controller says why.
-    await gpu_pod(api, ns, "after", health_class, gpu0)
+    await claim_and_pod(api, ns, "after", health_class, selector=GPU_0)
     event = await eventually(
         lambda: explained(api, ns, "is tainted"), what="the controller names the taint"
     )
@@ -277,7 +242,7 @@ async def test_a_fatal_fault_taints_no_execute_and_its_pod_is_evicted(
         await left_out_until_quiet(api, agent, tmp_path, "gpu-0: {lost: true}\n")
         return
     ns = namespace
-    await gpu_pod(api, ns, "victim", health_class, f'device.attributes["{DRIVER}"].index == 0')
+    await claim_and_pod(api, ns, "victim", health_class, selector=GPU_0)
     await eventually(lambda: running(api, ns, "victim"), what="pod victim Running")
     (tmp_path / "faults.yaml").write_text("gpu-0: {lost: true}\n")
     [taint] = await eventually(lambda: gpu0_taints(api), what="gpu-0 tainted")
