@@ -594,6 +594,18 @@ class Counts:
     """Devices a new claim could get now (``Availability.available``); without partitions and
     shares, those not allocated."""
 
+    def row(self) -> tuple[int, int, int, int, int, int, int]:
+        """The counts in field order (a node's row of the metrics tally)."""
+        return (
+            self.published,
+            self.allocated,
+            self.memory,
+            self.memory_allocated,
+            self.tainted_no_schedule,
+            self.tainted_no_execute,
+            self.free,
+        )
+
 
 class Availability(Protocol):
     """What allocations leave of each device (``partitions.Usage``): the counting rule of the

@@ -162,18 +162,7 @@ class Tally:
     def _node_rows(self, view: ClusterView, pool: inventory.Pool) -> dict[str, NodeRow]:
         """The pool's share of each node's counts (the same rule as a full count)."""
         counts = inventory.per_node(pool.devices, view.holders, self.driver, view.usage)
-        return {
-            node: (
-                c.published,
-                c.allocated,
-                c.memory,
-                c.memory_allocated,
-                c.tainted_no_schedule,
-                c.tainted_no_execute,
-                c.free,
-            )
-            for node, c in counts.items()
-        }
+        return {node: c.row() for node, c in counts.items()}
 
     def _class_row(
         self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool

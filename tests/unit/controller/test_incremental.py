@@ -575,16 +575,7 @@ class Cluster:
         free = {d.key: reference_free(d, pools, claims.values()) for d in devices}
         usage = partitions.Usage(inventory.HolderIndex.of(claims.values()), pools)
         expected_nodes = {
-            node: (
-                c.published,
-                c.allocated,
-                c.memory,
-                c.memory_allocated,
-                c.tainted_no_schedule,
-                c.tainted_no_execute,
-                c.free,
-            )
-            for node, c in inventory.per_node(devices, held, DRIVER, usage).items()
+            node: c.row() for node, c in inventory.per_node(devices, held, DRIVER, usage).items()
         }
         assert {n: tuple(v) for n, v in self.tally.nodes.items() if v[0]} == expected_nodes
         for node, row in expected_nodes.items():
