@@ -26,18 +26,38 @@ class RecordingSink:
         self.calls.append((ref.uid, entries))
 
 
-def state(tmp_path: Path, sink: StatusSink | None = None) -> DeviceState:
-    async def no_inventory(fresh: bool) -> Any:
-        raise AssertionError("not needed here")
+def state(
+    tmp_path: Path, sink: StatusSink | None = None, *, api: Any = None, gpus: int = 0
+) -> DeviceState:
+    """An agent's state on node-01 over ``tmp_path``; with ``gpus``, an inventory of that
+    many 80Gi GPUs (else none is read); ``api`` is None where the paths never reach it."""
+    devices = tuple(
+        model.gpu_device(
+            index=i,
+            uuid=f"GPU-{i}",
+            memory="80Gi",
+            product_name="sim",
+            brand="sim",
+            architecture="sim",
+            cuda_compute_capability="9.0",
+            driver_version="550.0",
+            mig_capable=False,
+        )
+        for i in range(gpus)
+    )
+
+    async def inventory(fresh: bool) -> model.Inventory:
+        assert devices, "not needed here"
+        return model.Inventory("node-01", devices)
 
     return DeviceState(
-        api=None,  # type: ignore[arg-type]  # these paths never reach the API
+        api=api,
         driver=DRIVER,
         node="node-01",
         container_env=SIMULATED.container_env,
         cdi_dir=tmp_path / "cdi",
         checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
-        inventory=no_inventory,
+        inventory=inventory,
         status=sink or RecordingSink(),
     )
 
@@ -203,37 +223,9 @@ def allocated_claim(name: str, uid: str, device: str) -> dict[str, Any]:
 async def test_a_burst_of_prepares_reads_a_bounded_number_of_claims_at_once(
     tmp_path: Path,
 ) -> None:
-    gpus = tuple(
-        model.gpu_device(
-            index=i,
-            uuid=f"GPU-{i}",
-            memory="80Gi",
-            product_name="sim",
-            brand="sim",
-            architecture="sim",
-            cuda_compute_capability="9.0",
-            driver_version="550.0",
-            mig_capable=False,
-        )
-        for i in range(8)
-    )
-
-    async def inventory(fresh: bool) -> model.Inventory:
-        return model.Inventory("node-01", gpus)
-
     claims = {f"c{i}": allocated_claim(f"c{i}", f"u{i}", f"gpu-{i % 8}") for i in range(200)}
     api = ClaimsOnly(claims)
-    sink = RecordingSink()
-    agent = DeviceState(
-        api=api,  # type: ignore[arg-type]
-        driver=DRIVER,
-        node="node-01",
-        container_env=SIMULATED.container_env,
-        cdi_dir=tmp_path / "cdi",
-        checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
-        inventory=inventory,
-        status=sink,
-    )
+    agent = state(tmp_path, api=api, gpus=8)
     refs = [ClaimRef("ns", f"c{i}", ClaimUID(f"u{i}")) for i in range(200)]
 
     results = await agent.prepare_all(refs)
@@ -280,40 +272,14 @@ async def test_a_retired_agent_writes_nothing_and_resumes_from_what_the_other_le
 async def test_a_health_change_rewrites_the_status_of_the_claims_holding_the_device(
     tmp_path: Path,
 ) -> None:
-    gpus = tuple(
-        model.gpu_device(
-            index=i,
-            uuid=f"GPU-{i}",
-            memory="80Gi",
-            product_name="sim",
-            brand="sim",
-            architecture="sim",
-            cuda_compute_capability="9.0",
-            driver_version="550.0",
-            mig_capable=False,
-        )
-        for i in range(2)
-    )
-
-    async def inventory(fresh: bool) -> model.Inventory:
-        return model.Inventory("node-01", gpus)
-
     sink = RecordingSink()
-    agent = DeviceState(
-        api=ClaimsOnly(  # type: ignore[arg-type]
-            {
-                "on-0": allocated_claim("on-0", "u0", "gpu-0"),
-                "on-1": allocated_claim("on-1", "u1", "gpu-1"),
-            }
-        ),
-        driver=DRIVER,
-        node="node-01",
-        container_env=SIMULATED.container_env,
-        cdi_dir=tmp_path / "cdi",
-        checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
-        inventory=inventory,
-        status=sink,
+    api = ClaimsOnly(
+        {
+            "on-0": allocated_claim("on-0", "u0", "gpu-0"),
+            "on-1": allocated_claim("on-1", "u1", "gpu-1"),
+        }
     )
+    agent = state(tmp_path, sink, api=api, gpus=2)
     refs = [ClaimRef("ns", "on-0", ClaimUID("u0")), ClaimRef("ns", "on-1", ClaimUID("u1"))]
     await agent.prepare_all(refs)
     sink.calls.clear()
