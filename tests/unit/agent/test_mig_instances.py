@@ -19,8 +19,8 @@ import pytest
 from dra_gpu.agent import cdi, checkpoint, failpoints
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.state import DeviceState, Prepared, PrepareFailed
-from dra_gpu.devices import mig, model, nvml, simulated
-from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml
+from dra_gpu.devices import model, nvml, simulated
+from tests.unit.inventory.fake_pynvml import FakeNvml, a100_in_mig_mode
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
@@ -64,16 +64,7 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
             lambda uuid: {"GPU_DEVICE_0_MIG": uuid},
         )
         return
-    fake = FakeNvml(
-        [
-            FakeGpu(
-                name="NVIDIA A100-SXM4-40GB",
-                memory_total=40 * 2**30,
-                mig_mode=1,
-                mig_table=mig.A100_40GB,
-            )
-        ]
-    )
+    fake = FakeNvml([a100_in_mig_mode()])
     yield Rig(
         "nvml",
         nvml.NvmlBackend(NODE, nvml=fake),

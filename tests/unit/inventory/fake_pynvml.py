@@ -206,6 +206,17 @@ class _EventSet:
     freed: bool = False
 
 
+def a100_in_mig_mode(**fields: Any) -> FakeGpu:
+    """An A100 40GB with MIG mode on, its profiles NVIDIA's table."""
+    return FakeGpu(
+        name="NVIDIA A100-SXM4-40GB",
+        memory_total=40 * 2**30,
+        mig_mode=1,
+        mig_table=mig.A100_40GB,
+        **fields,
+    )
+
+
 class FakeNvml:
     """Use like the pynvml module; records which thread made each call."""
 

@@ -11,7 +11,7 @@ import pytest
 
 from dra_gpu.devices import mig, model, nvml
 from tests.unit.inventory import fake_pynvml
-from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml
+from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
 
 
 def _api(device: model.Device) -> dict[str, object]:
@@ -230,12 +230,7 @@ async def test_a_container_sees_its_gpu_through_nvidia_visible_devices() -> None
 async def test_a_gpu_in_mig_mode_publishes_the_placements_nvml_reports() -> None:
     fake = FakeNvml(
         [
-            FakeGpu(
-                name="NVIDIA A100-SXM4-40GB",
-                memory_total=40 * 2**30,
-                mig_mode=1,
-                mig_table=mig.A100_40GB,
-            ),
+            a100_in_mig_mode(),
             FakeGpu(uuid="GPU-1", mig_mode=0),  # MIG-capable, MIG mode off: whole only
         ]
     )
