@@ -1,0 +1,126 @@
+"""Real servers on loopback for the HTTP client and ``kube``'s transport: each test scripts what
+its server sends, byte for byte (a chunked stream, a connection closed at the wrong moment,
+garbage), over plain TCP or TLS (``Pki``: the certificates of the ``pki`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[object]]
+"""A connection's script: its reader, its writer, and which connection it is (0, 1, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pki:
+    directory: Path
+    ca: Path
+    """Signs every certificate below."""
+    server: tuple[Path, Path]
+    """For IP:127.0.0.1 and DNS:localhost."""
+    named: tuple[Path, Path]
+    """For DNS:api.example.test only."""
+    client: tuple[Path, Path]
+    """CN=me, O=team."""
+
+    def server_context(self, pair: tuple[Path, Path], *, client_ca: bool = False) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*pair)
+        if client_ca:
+            context.load_verify_locations(cafile=str(self.ca))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
+@dataclasses.dataclass
+class Server:
+    port: int
+    connections: int = 0
+    """Connections accepted so far."""
+    open: int = 0
+    """Connections open now."""
+    most_open: int = 0
+    requests: list[bytes] = dataclasses.field(default_factory=list)
+    """The head and body of every request ``read_request`` read, in order."""
+
+    def url(self, scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serving(handler: Handler, *, tls: ssl.SSLContext | None = None) -> AsyncIterator[Server]:
+    """A server on a loopback port that runs ``handler`` for each connection, then closes it;
+    at exit, closes everything and waits for the handlers to end."""
+    tasks: set[asyncio.Task[None]] = set()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        writers.append(writer)
+        index = state.connections
+        state.connections += 1
+        state.open += 1
+        state.most_open = max(state.most_open, state.open)
+        try:
+            await handler(reader, writer, index)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            state.open -= 1
+            writer.close()
+
+    server = await asyncio.start_server(connected, "127.0.0.1", 0, ssl=tls)
+    state = Server(server.sockets[0].getsockname()[1])
+    try:
+        yield state
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for task in tasks:  # a script still waiting: its test failed already
+            task.cancel()
+        await server.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader, server: Server | None = None) -> bytes:
+    """One request, head and body (Content-Length only); recorded in ``server.requests``."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    request = head + (await reader.readexactly(length) if length else b"")
+    if server is not None:
+        server.requests.append(request)
+    return request
+
+
+def answer(body: bytes, status: str = "200 OK", *headers: str) -> bytes:
+    """A whole HTTP/1.1 answer with a Content-Length."""
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def chunked_head(status: str = "200 OK") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+LAST_CHUNK = b"0\r\n\r\n"
