@@ -27,9 +27,10 @@ from dra_gpu.agent import failpoints
 from dra_gpu.devices import model
 from dra_gpu.exits import ExitCode, OneLineParser
 
-# Not imported here: ``dra_gpu.kube``. The Kubernetes client fixes its default kubeconfig
-# (``$KUBECONFIG``) when imported, and Kopf logs the controller in with that default, so the
-# controller's ``--kubeconfig`` must be in the environment first (``_command``).
+# Not imported here: the components, nor ``dra_gpu.kube``. Kopf's Kubernetes client
+# (kubernetes-asyncio) fixes its default kubeconfig (``$KUBECONFIG``) when imported, and Kopf
+# logs the controller in with that default, so the controller's ``--kubeconfig`` must be in the
+# environment first (``_command``); and each command loads only what it uses.
 
 log = logging.getLogger("dra_gpu")
 T = TypeVar("T")

@@ -1,10 +1,16 @@
-"""A thin JSON client for the Kubernetes API on top of kubernetes-asyncio's transport.
+"""A thin JSON client for the Kubernetes API, over our own small HTTP/1.1 client.
 
-kubernetes-asyncio loads kubeconfigs and in-cluster credentials and owns the HTTP session; this
-module speaks plain dicts over it, because the DRA objects we read and write are easier to
-follow as the API's own JSON than as generated model classes. ``watch_forever`` is the one list-
-then-watch loop that every long-running component uses: it relists after ``410 Gone``, reconnects
-after network errors and API server restarts, and never returns.
+The DRA objects we read and write are easier to follow as the API's own JSON than as generated
+model classes, so this module speaks plain dicts, over ``httpclient`` (h11 on asyncio streams:
+the node agent loads neither aiohttp nor kubernetes-asyncio, about 15 MiB less on every node).
+Credentials come from ``credentials`` (kubeconfig files, the in-cluster service account); this
+module reads the files it names, builds the TLS context and keeps a rotated token fresh. A user
+whose token comes from a program or a provider (``exec``, ``auth-provider``) is the one case
+left to kubernetes-asyncio's loader, imported only then (``dra-gpu explain`` on EKS or GKE).
+
+``watch_forever`` is the one list-then-watch loop that every long-running component uses: it
+relists after ``410 Gone``, reconnects after network errors and API server restarts, and never
+returns.
 
 The edges fail in words, each its own exception: ``ConfigError`` (no usable kubeconfig or
 service account: which file, from which flag or variable, how to fix it), ``Unreachable`` (the
@@ -16,18 +22,26 @@ before its API server does.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
+import datetime
 import json
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import ssl
+import tempfile
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, Protocol, TypedDict, Unpack
+from urllib.parse import urlencode
 
-import aiohttp
 import yaml
-from kubernetes_asyncio import client, config
+
+import dra_gpu
+from dra_gpu import credentials, httpclient
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +103,36 @@ class Refused(Exception):
         super().__init__(message)
 
 
-CONNECTION_ERRORS = (aiohttp.ClientConnectionError, OSError)
-"""What a request raises when no answer came (``TimeoutError`` is an ``OSError``)."""
+CONNECTION_ERRORS: tuple[type[OSError], ...] = (OSError,)
+"""What a request raises when no answer came: every failure of ``httpclient`` to get one is an
+``OSError`` (``TimeoutError``, ``ssl.SSLError``, ``httpclient.ConnectionClosed`` ...)."""
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0)
 """``wait_until_ready``'s back-off: the last delay repeats."""
-IN_CLUSTER = "in-cluster service account"
+IN_CLUSTER = credentials.IN_CLUSTER
+REQUEST_TIMEOUT = httpclient.Timeout(connect=None, total=30.0)
+"""A plain request: 30 s for all of it, connecting included."""
+TOKEN_PERIOD = 60.0
+"""A token file is read again at most this often (seconds), as client-go does: the kubelet
+rotates a service account's token in place."""
+
+
+class Authorization(Protocol):
+    """The ``Authorization`` header of the next request; None for none (anonymous)."""
+
+    async def __call__(self) -> str | None: ...
 
 
 class Kube:
     """JSON requests against one API server. Use as ``async with await Kube.connect(...)``."""
 
-    def __init__(self, api_client: client.ApiClient, origin: str = "") -> None:
-        self.api_client = api_client
+    def __init__(
+        self,
+        http: httpclient.Client,
+        authorization: Authorization | None = None,
+        origin: str = "",
+    ) -> None:
+        self.http = http
+        self.authorization: Authorization = authorization or _Static(None)
         self.origin = origin or "client configuration"
         """Where the server and credentials came from: ``kubeconfig FILE, context NAME``."""
 
@@ -116,16 +148,21 @@ class Kube:
         pod), else ``~/.kube/config``. ``source`` says where ``kubeconfig`` came from and
         ``flag`` how to pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the
         messages. Raises ``ConfigError``; sends nothing."""
-        cfg = client.Configuration()
-        origin = await _load_config(cfg, kubeconfig, source=source or flag, flag=flag)
-        return cls(client.ApiClient(cfg), origin)
+        loaded = await _load_config(kubeconfig, source=source or flag, flag=flag)
+        http = httpclient.Client(
+            loaded.credentials.server,
+            ssl_context=loaded.ssl_context,
+            server_hostname=loaded.credentials.tls_server_name,
+            user_agent=f"dra-gpu/{dra_gpu.__version__}",
+        )
+        return cls(http, loaded.authorization, loaded.credentials.origin)
 
     @property
     def server(self) -> str:
-        return str(self.api_client.configuration.host)
+        return self.http.url
 
     async def close(self) -> None:
-        await self.api_client.close()
+        await self.http.aclose()
 
     async def __aenter__(self) -> Kube:
         return self
@@ -143,23 +180,22 @@ class Kube:
         body: Any = None,
         query: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
-        request_timeout: float | aiohttp.ClientTimeout | None = 30.0,
-    ) -> aiohttp.ClientResponse:
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        timeouts: httpclient.Timeout = REQUEST_TIMEOUT,
+    ) -> httpclient.Response:
+        headers = [("Accept", "application/json"), ("Content-Type", content_type)]
+        if (authorization := await self.authorization()) is not None:
+            headers.append(("Authorization", authorization))
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
-        response: aiohttp.ClientResponse = await self.api_client.call_api(
-            path,
-            method,
-            query_params=params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=request_timeout,
+        target = f"{path}?{urlencode(params)}" if params else path
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        response = await self.http.request(
+            method, target, headers=headers, body=data, timeouts=timeouts
         )
         if not 200 <= response.status <= 299:
-            text = await response.text()
-            response.release()
+            try:
+                text = (await response.read()).decode("utf-8", "replace")
+            finally:
+                response.release()
             try:
                 decoded: Body | str = json.loads(text)
             except ValueError:
@@ -171,9 +207,10 @@ class Kube:
         """One request; its JSON answer, or ``ApiError``."""
         response = await self._send(method, path, **options)
         try:
-            result: Body = await response.json(content_type=None)
+            data = await response.read()
         finally:
             response.release()
+        result: Body = json.loads(data.strip() or b"null")  # an empty answer: None
         return result
 
     async def get(self, path: str, **query: Any) -> Body:
@@ -218,7 +255,9 @@ class Kube:
         """One ``GET /readyz``. Returns when the API server is ready to serve; raises
         ``Unreachable`` (no answer, TLS failure, timeout, not ready) or ``Refused`` (401)."""
         try:
-            response = await self._send("GET", "/readyz", request_timeout=answer_within)
+            response = await self._send(
+                "GET", "/readyz", timeouts=httpclient.Timeout(connect=None, total=answer_within)
+            )
             response.release()
         except ApiError as exc:
             if exc.status == 403:
@@ -259,7 +298,9 @@ class Kube:
 
     def unreachable(self, exc: BaseException, timeout: float | None = None) -> Unreachable:
         """The ``Unreachable`` for a request that got no answer, in words."""
-        return Unreachable(self.server, self.origin, _no_answer(exc, timeout))
+        return Unreachable(
+            self.server, self.origin, _no_answer(exc, timeout, self.http.origin.host)
+        )
 
     def refused(self, exc: ApiError, needs: str = "") -> Refused:
         """The ``Refused`` for a 401 or 403, saying whose credentials and what to do;
@@ -284,7 +325,7 @@ class Kube:
 
     async def watch_once(
         self, path: str, resource_version: str, *, timeout_seconds: int = 300, **query: Any
-    ) -> AsyncIterator[Body]:
+    ) -> AsyncGenerator[Body, None]:
         """One watch request from ``resource_version``; yields raw watch events."""
         response = await self._send(
             "GET",
@@ -296,26 +337,31 @@ class Kube:
                 "allowWatchBookmarks": "true",
                 "timeoutSeconds": timeout_seconds,
             },
-            request_timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=10, sock_read=timeout_seconds + 30
-            ),
+            timeouts=httpclient.Timeout(connect=10, total=None, read=timeout_seconds + 30),
         )
         try:
-            while line := await response.content.readline():
+            async for line in response.lines():
                 if line.strip():
                     yield json.loads(line)
         finally:
             response.release()
 
     async def watch_forever(
-        self, path: str, *, retry_delay: float = 1.0, **query: Any
-    ) -> AsyncIterator[tuple[str, Body]]:
+        self,
+        path: str,
+        *,
+        retry_delay: float = 1.0,
+        on_break: Callable[[], None] | None = None,
+        **query: Any,
+    ) -> AsyncGenerator[tuple[str, Body], None]:
         """List, then watch, forever. Yields ``("SYNC", list_body)`` after every (re)list,
-        then ``(event_type, object)`` for ADDED/MODIFIED/DELETED. Survives API restarts."""
+        then ``(event_type, object)`` for ADDED/MODIFIED/DELETED. Survives API restarts.
+        ``on_break`` is called each time the watch breaks, before the relist: until the next
+        ``SYNC``, events may have been missed."""
         while True:
             try:
                 listing = await self.get(path, **query)
-            except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as exc:
+            except (ApiError, OSError) as exc:
                 log.warning("list %s failed, retrying: %s", path, exc)
                 await asyncio.sleep(retry_delay)
                 continue
@@ -332,13 +378,17 @@ class Kube:
                         if kind != "BOOKMARK":
                             yield kind, obj
                 except ApiError as exc:
+                    if on_break is not None:
+                        on_break()
                     if exc.status == 410:
                         log.debug("watch %s expired, relisting", path)
                     else:
                         log.warning("watch %s failed, relisting: %s", path, exc)
                         await asyncio.sleep(retry_delay)
                     break
-                except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+                except (OSError, ValueError) as exc:
+                    if on_break is not None:
+                        on_break()
                     log.warning("watch %s interrupted, relisting: %s", path, exc)
                     await asyncio.sleep(retry_delay)
                     break
@@ -350,47 +400,236 @@ def _query_value(value: Any) -> str:
     return str(value)
 
 
-# ---- configuration -----------------------------------------------------------------------------
+# ---- credentials ---------------------------------------------------------------------------
 
 
-async def _load_config(
-    cfg: client.Configuration, kubeconfig: Path | str | None, *, source: str, flag: str
-) -> str:
-    """Fill ``cfg``; returns where it came from. Every failure is a ``ConfigError`` in words."""
+class _Static:
+    """The same header for every request (a static token, basic auth), or none."""
+
+    def __init__(self, header: str | None) -> None:
+        self.header = header
+
+    async def __call__(self) -> str | None:
+        return self.header
+
+
+class _TokenFile:
+    """A bearer token from a file, read again at most every ``period`` seconds: the kubelet
+    writes a pod's new service account token into the same file before the old one expires.
+    A file that cannot be read again keeps the token read last (the kubelet swaps the file
+    with a rename, so that is a moment at most), with a warning."""
+
+    def __init__(
+        self,
+        material: credentials.Material,
+        period: float = TOKEN_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        assert material.path is not None
+        self.material, self.path, self.period, self._clock = material, material.path, period, clock
+        self._token = self._read()  # credentials.Invalid: ConfigError in words, at connect
+        self._read_at = clock()
+
+    def _read(self) -> str:
+        # A small file on a tmpfs, at most once a minute: read on the loop, as client-go does
+        # in its request path.
+        try:
+            token = self.path.read_text().strip()
+        except OSError as exc:
+            raise credentials.Invalid(
+                f"{self.material.what}: {self.path} cannot be read: {exc.strerror or exc}"
+            ) from None
+        if not token:
+            raise credentials.Invalid(f"{self.material.what}: {self.path} is empty")
+        return token
+
+    async def __call__(self) -> str | None:
+        if self._clock() - self._read_at >= self.period:
+            self._read_at = self._clock()
+            try:
+                self._token = self._read()
+            except credentials.Invalid as exc:
+                log.warning("%s; the token read before is used", exc)
+        return f"Bearer {self._token}"
+
+
+class _Delegated:
+    """The token kubernetes-asyncio's loader got from an ``exec`` plugin or an ``auth-provider``,
+    renewed as its loader renews it: the plugin runs again once its token's expiry has passed
+    (less five minutes), a GCP token is refreshed when expired; checked at most every
+    ``period`` seconds."""
+
+    def __init__(self, loader: Any, configuration: Any, period: float = TOKEN_PERIOD) -> None:
+        self.loader, self.configuration, self.period = loader, configuration, period
+        self._checked = time.monotonic()
+
+    async def __call__(self) -> str | None:
+        if time.monotonic() - self._checked >= self.period:
+            self._checked = time.monotonic()
+            try:
+                await self._renew()
+            except Exception as exc:  # the old token may still work; a 401 says it if not
+                log.warning("renewing the token of %s failed: %s", self.loader.current_context, exc)
+        token = self.configuration.api_key.get("BearerToken")
+        return str(token) if token else None
+
+    async def _renew(self) -> None:
+        loader = self.loader
+        if loader.provider == "gcp":
+            self.configuration.api_key["BearerToken"] = await loader.load_gcp_token()
+            return
+        expiry = getattr(loader, "exec_plugin_expiry", None)
+        soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
+        if expiry is not None and expiry <= soon:
+            await loader.load_from_exec_plugin()
+            self.configuration.api_key["BearerToken"] = loader.token
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loaded:
+    credentials: credentials.Credentials
+    authorization: Authorization
+    ssl_context: ssl.SSLContext | None
+
+
+async def _load_config(kubeconfig: Path | str | None, *, source: str, flag: str) -> _Loaded:
+    """The credentials, their ``Authorization`` and TLS context. Every failure is a
+    ``ConfigError`` in words."""
     found = _kubeconfig_files(kubeconfig, source=source, flag=flag)
     if found is None:
         try:
-            # The one function of kubernetes-asyncio's config package left unannotated.
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except config.ConfigException as exc:
+            return _loaded(credentials.in_cluster(os.environ))
+        except credentials.Invalid as exc:
             raise ConfigError(
                 f"in a pod (KUBERNETES_SERVICE_HOST is set) but its {IN_CLUSTER} is not usable: "
-                f"{_words(exc)}: mount the service account token "
-                f"(automountServiceAccountToken), or pass a kubeconfig with {flag}"
+                f"{exc}: mount the service account token (automountServiceAccountToken), or "
+                f"pass a kubeconfig with {flag}"
             ) from None
-        return IN_CLUSTER
     paths, source, files = found
     try:
-        loader = await config.load_kube_config(
-            config_file=os.pathsep.join(map(str, files)), client_configuration=cfg
-        )
-    except Exception as exc:  # local parsing only: all of it is "this file is not usable"
-        text = _words(exc)
-        if "current-context" in text:
-            raise ConfigError(
-                f"kubeconfig {paths} (from {source}) has no current-context: choose one with "
-                f"`kubectl config use-context NAME --kubeconfig {files[0]}`"
+        documents = [(path, _check_kubeconfig_file(path, source)) for path in files]
+        loaded = credentials.from_kubeconfig(documents, paths=paths)
+        if loaded.delegated:
+            return await _delegated(loaded, files)
+        return _loaded(loaded)
+    except credentials.NoCurrentContext:
+        raise ConfigError(
+            f"kubeconfig {paths} (from {source}) has no current-context: choose one with "
+            f"`kubectl config use-context NAME --kubeconfig {files[0]}`"
+        ) from None
+    except credentials.Invalid as exc:
+        raise ConfigError(f"kubeconfig {paths} (from {source}) is not usable: {exc}") from None
+
+
+def _loaded(found: credentials.Credentials) -> _Loaded:
+    """Check the files ``found`` names, read its token file, build its TLS context."""
+    for material in (found.certificate_authority, found.client_certificate, found.client_key):
+        if material is not None and material.path is not None and not material.path.is_file():
+            raise credentials.Invalid(f"{material.what}: {material.path} does not exist")
+    authorization: Authorization
+    if found.token_file is not None:
+        if found.token_file.path is None or not found.token_file.path.is_file():
+            raise credentials.Invalid(
+                f"{found.token_file.what}: {found.token_file.path} does not exist"
+            )
+        authorization = _TokenFile(found.token_file)
+    elif found.token is not None:
+        authorization = _Static(f"Bearer {found.token}")
+    elif found.basic_auth is not None:
+        pair = ":".join(found.basic_auth).encode()
+        authorization = _Static(f"Basic {base64.b64encode(pair).decode()}")
+    else:
+        authorization = _Static(None)
+    return _Loaded(found, authorization, _ssl_context(found))
+
+
+def _ssl_context(found: credentials.Credentials) -> ssl.SSLContext | None:
+    """TLS as the credentials say: their CA (else the system's), client certificate, checks."""
+    if not found.server.startswith("https://"):
+        return None
+    ca = found.certificate_authority
+    try:
+        if ca is None:
+            context = ssl.create_default_context()
+        elif ca.data is not None:
+            pem = b"-----BEGIN" in ca.data
+            context = ssl.create_default_context(cadata=ca.data.decode() if pem else ca.data)
+        else:
+            context = ssl.create_default_context(cafile=str(ca.path))
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        what = ca.what if ca else "the system's CA certificates"
+        raise credentials.Invalid(f"{what}: no CA certificate in it ({_words(exc)})") from None
+    cert, key = found.client_certificate, found.client_key
+    if cert is not None and key is not None:
+        try:
+            _load_client_certificate(context, cert, key)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise credentials.Invalid(
+                f"{cert.what} and {key.what}: not a certificate and its key ({_words(exc)})"
             ) from None
-        raise ConfigError(f"kubeconfig {paths} (from {source}) is not usable: {text}") from None
-    context = (loader.current_context or {}).get("name", "")
-    return f"kubeconfig {paths}" + (f", context {context}" if context else "")
+    if found.insecure_skip_tls_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _load_client_certificate(
+    context: ssl.SSLContext, cert: credentials.Material, key: credentials.Material
+) -> None:
+    """``ssl`` loads certificates from files only: inline ones go through a private temporary
+    directory, gone once loaded."""
+    with tempfile.TemporaryDirectory(prefix="dra-gpu-tls-") as directory:
+        paths = []
+        for name, material in (("client.crt", cert), ("client.key", key)):
+            if material.path is not None:
+                paths.append(str(material.path))
+                continue
+            path = Path(directory, name)
+            path.touch(mode=0o600)
+            path.write_bytes(material.data or b"")
+            paths.append(str(path))
+        context.load_cert_chain(paths[0], paths[1])
+
+
+async def _delegated(found: credentials.Credentials, files: Sequence[Path]) -> _Loaded:
+    """An ``exec`` or ``auth-provider`` user, loaded by kubernetes-asyncio (its aiohttp and
+    generated classes come with it: never in the node agent, which uses its service account);
+    its configuration becomes our credentials, its token renewed as the loader renews it."""
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        loader = await config.load_kube_config(
+            config_file=os.pathsep.join(map(str, files)),
+            context=found.context,
+            client_configuration=configuration,
+        )
+    except Exception as exc:  # local parsing and the plugin: "this user is not usable"
+        raise credentials.Invalid(f"{found.delegated}: {_words(exc)}") from None
+
+    def material(value: Any, what: str) -> credentials.Material | None:
+        return credentials.Material(what, path=Path(value)) if value else None
+
+    of = f"the {found.delegated} user of context {found.context}"
+    converted = dataclasses.replace(
+        found,
+        server=str(configuration.host).rstrip("/"),
+        certificate_authority=material(configuration.ssl_ca_cert, f"the CA of {of}"),
+        client_certificate=material(configuration.cert_file, f"the certificate of {of}"),
+        client_key=material(configuration.key_file, f"the key of {of}"),
+        insecure_skip_tls_verify=not configuration.verify_ssl,
+        tls_server_name=configuration.tls_server_name or None,
+        token=None,
+        token_file=None,
+        basic_auth=None,
+    )
+    return _Loaded(converted, _Delegated(loader, configuration), _ssl_context(converted))
 
 
 def _kubeconfig_files(
     kubeconfig: Path | str | None, *, source: str, flag: str
 ) -> tuple[str, str, list[Path]] | None:
-    """``(paths as given, where from, existing files)``, or None for the in-cluster account.
-    Checks what kubernetes-asyncio would only warn about, or fail on with a traceback."""
+    """``(paths as given, where from, existing files)``, or None for the in-cluster account."""
     if kubeconfig:
         paths = str(kubeconfig)
     elif os.environ.get("KUBECONFIG"):
@@ -417,8 +656,8 @@ def _kubeconfig_files(
     return paths, source, existing
 
 
-def _check_kubeconfig_file(path: Path, source: str) -> None:
-    """What kubernetes-asyncio would fail on with a traceback: unreadable, not YAML, empty."""
+def _check_kubeconfig_file(path: Path, source: str) -> dict[str, Any]:
+    """The file's YAML mapping; ``ConfigError`` if it is unreadable, not YAML, or empty."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -437,6 +676,7 @@ def _check_kubeconfig_file(path: Path, source: str) -> None:
             f"kubeconfig {path} (from {source}) is not a kubeconfig: expected a YAML mapping "
             "with clusters, users, contexts and current-context"
         )
+    return data
 
 
 def _words(exc: BaseException) -> str:
@@ -445,25 +685,20 @@ def _words(exc: BaseException) -> str:
     return text.removeprefix("Invalid kube-config file. ").removesuffix(".")
 
 
-def _no_answer(exc: BaseException, timeout: float | None) -> str:
+def _no_answer(exc: BaseException, timeout: float | None, host: str = "") -> str:
     """Why a request got no answer, as a person would say it."""
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+    if isinstance(exc, ssl.SSLCertVerificationError):
         return (
-            f"its TLS certificate is not trusted ({_words(exc.certificate_error)}): check the "
+            f"its TLS certificate is not trusted ({_words(exc)}): check the "
             "cluster's certificate-authority in the kubeconfig"
         )
-    if isinstance(exc, aiohttp.ClientSSLError):
+    if isinstance(exc, ssl.SSLError):
         return f"TLS handshake failed: {_words(exc)}"
-    if isinstance(exc, TimeoutError):  # aiohttp's ServerTimeoutError is one as well
+    if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:g} s" if timeout else "no answer in time"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        os_error = exc.os_error
-        if isinstance(os_error, socket.gaierror):
-            return f"cannot resolve {exc.host}: {os_error.strerror}"
-        if os_error.errno:  # aiohappyeyeballs' strerror is "Connect call failed (...)"
-            return os.strerror(os_error.errno).lower()
-        return _words(os_error)
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {host}: {exc.strerror}"
+    if isinstance(exc, httpclient.ConnectionClosed):
         return "it closed the connection"
     if isinstance(exc, OSError) and exc.errno:
         return os.strerror(exc.errno).lower()
