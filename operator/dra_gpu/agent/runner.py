@@ -25,8 +25,6 @@ import signal
 import socket
 from typing import NoReturn
 
-from dra_gpu.agent import lean  # noqa: F401  (first: before anything loads kubernetes_asyncio)
-
 # isort: split
 
 from dra_gpu import events, httpserver, kube, metrics
