@@ -3,9 +3,9 @@
 Starts the local control plane, one real node (kubelet + containerd; ``--containerd-dir`` and
 ``--images-dir`` from ``hack/build-containerd.sh`` and ``hack/build-images.sh``, as ``make
 bench`` passes them) and the real agent process registered with its kubelet (simulated backend,
-128 GPUs), creates claims whose allocation names the node's devices (written through the status
-subresource, as the scheduler would), then calls NodePrepareResources and NodeUnprepareResources
-over the agent's unix socket:
+128 GPUs), creates claims whose allocation names the node's devices, reserved for a pod (written
+through the status subresource, as the scheduler would), then calls NodePrepareResources and
+NodeUnprepareResources over the agent's unix socket:
 
 - one claim at a time (``--rounds`` claims, prepare then unprepare each);
 - ``--in-flight`` claims at once (one RPC per claim, all started together), for each of the
@@ -15,13 +15,17 @@ The agent's resident memory (``VmRSS``, and its peak ``VmHWM``) is read from ``/
 is ready, right after the run, and ``SETTLE_SECONDS`` later (what a node keeps paying: the agent
 gives a burst's memory back once the burst is over, ``agent.memory``).
 
-The floor is what no implementation can avoid: one GET of the claim plus one atomic file write,
-measured in this process with the same HTTP client, for each claim right after its prepare and
-unprepare (interleaved: a busy machine slows both alike). With ``--pydra-python`` (an interpreter
-that has the ``kubernetes-pydra`` package; ``make bench`` makes one) the same calls go to
-pydra's TPU plugin too, the only other Python DRA driver: it answers without reading the claim
-and writes its spec with a plain ``open()``, so it is a lower bound rather than a peer. Prints a
-table and ``BENCH <name> <value> <unit>`` lines; asserts nothing.
+The floor is what a driver that reads each claim with a GET cannot avoid (the Go reference
+driver does): one GET of the claim plus one atomic file write, measured in this process with the
+same HTTP client, for each claim right after its prepare and unprepare (interleaved: a busy
+machine slows both alike). The agent reads a claim from its watch's copy when it may
+(``agent.claimcache``): every phase has claims of its own, allocated and reserved for a pod as
+the scheduler leaves them, and how many were read from the copy and how many with a GET is
+printed. With ``--pydra-python`` (an interpreter that has the ``kubernetes-pydra`` package;
+``make bench`` makes one) the same calls go to pydra's TPU plugin too, the only other Python DRA
+driver: it answers without reading the claim and writes its spec with a plain ``open()``, so it
+is a lower bound rather than a peer. Prints a table and ``BENCH <name> <value> <unit>`` lines;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +63,24 @@ def server_side(text: str, since: tuple[float, float] = (0.0, 0.0)) -> tuple[flo
             if line.startswith(prefix):
                 values[part] = float(line[len(prefix) :])
     return values.get("sum", 0.0) - since[0], values.get("count", 0.0) - since[1]
+
+
+def claim_reads(text: str) -> dict[str, float]:
+    """The agent's ``dra_gpu_claim_reads_total`` by source (cache, api)."""
+    found = re.findall(r'^dra_gpu_claim_reads_total\{source="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {source: float(value) for source, value in found}
+
+
+def split(items: list[v1.Claim], sizes: list[int]) -> list[list[v1.Claim]]:
+    """``items`` cut into consecutive runs of ``sizes``."""
+    runs, start = [], 0
+    for size in sizes:
+        runs.append(items[start : start + size])
+        start += size
+    return runs
+
+
+WARM_UP = 5
 
 
 def report(name: str, seconds: list[float]) -> tuple[float, float]:
@@ -112,6 +134,24 @@ async def make_claim(api: kube.Kube, base: str, namespace: str, i: int) -> v1.Cl
             }
         }
     }
+    # Reserved for its pod, as the scheduler leaves every claim that the kubelet prepares. The
+    # pod never runs (a scheduling gate holds it) and stays, so Kubernetes keeps the reservation.
+    pod = await api.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "metadata": {"name": f"bench-{i}"},
+            "spec": {
+                "schedulingGates": [{"name": "example.com/bench"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": f"bench-{i}"}],
+                "containers": [
+                    {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+                ],
+            },
+        },
+    )
+    created["status"]["reservedFor"] = [
+        {"resource": "pods", "name": f"bench-{i}", "uid": pod["metadata"]["uid"]}
+    ]
     await api.replace(f"{base}/bench-{i}/status", created)
     return v1.Claim(namespace=namespace, name=f"bench-{i}", uid=created["metadata"]["uid"])
 
@@ -248,16 +288,21 @@ async def run(
         try:
             memory_ready = memory_mib(agent.pid)
             await api.create("/api/v1/namespaces", {"metadata": {"name": "bench"}})
-            claims = await make_claims(api, "bench", max(rounds, *concurrent))
+            await asyncio.to_thread(cp.wait_for_service_account, "default", "bench")
+            # Each phase its own claims, as each pod start is a claim allocated and reserved
+            # for it (a claim unprepared once is read with a GET until it is released).
+            claims = await make_claims(api, "bench", WARM_UP + rounds + sum(concurrent))
+            phases = iter(split(claims, [WARM_UP, rounds, *concurrent]))
             socket = f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
             async with grpc.aio.insecure_channel(socket) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
-                await one_at_a_time(stub, claims[:5])  # warm up connections and caches
+                await one_at_a_time(stub, next(phases))  # warm up connections and caches
                 empty = await empty_calls(stub, rounds)
                 before = server_side(agent.metrics())
-                sequential = await one_at_a_time(stub, claims[:rounds], api, work / "floor")
+                sequential = await one_at_a_time(stub, next(phases), api, work / "floor")
                 inside = server_side(agent.metrics(), before)
-                parallel = {n: await in_flight(stub, claims[:n]) for n in concurrent}
+                parallel = {n: await in_flight(stub, next(phases)) for n in concurrent}
+            reads = claim_reads(agent.metrics())
             memory_after = memory_mib(agent.pid)
             await asyncio.sleep(SETTLE_SECONDS)
             memory_settled = memory_mib(agent.pid)
@@ -283,6 +328,9 @@ async def run(
         report(f"unprepare_{n}_in_flight", timings["unprepare"])
         print(f"{f'claims with an error, {n} in flight':<42} {errors}")
         print(f"BENCH prepare_{n}_in_flight_errors {errors} claims")
+    for source in ("cache", "api"):
+        print(f"{f'claims read from the {source}':<42} {reads.get(source, 0):.0f}")
+        print(f"BENCH claim_reads_{source} {reads.get(source, 0):.0f} claims")
     if peer is not None:
         pydra_p50, _ = report("pydra_tpu_prepare_one_at_a_time", peer["prepare"])
         report("pydra_tpu_prepare_plus_unprepare_one_at_a_time", peer["both"])

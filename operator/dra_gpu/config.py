@@ -55,6 +55,9 @@ class AgentSettings:
     """How often the inventory is re-read and our slices checked against it."""
     kubeconfig: Path | None = None
     """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+    claim_reads: str = "watch"
+    """How prepare reads a claim: ``watch`` (the copy kept by one watch of all ResourceClaims,
+    when it may be used, else a GET) or ``get`` (a GET every time, no watch)."""
     faults_file: Path | None = None
     """The simulated backend's faults file: the faults its GPUs have now (format in the README);
     a missing file means none."""
@@ -108,6 +111,11 @@ class AgentSettings:
             raise ValueError("the simulated backend needs a profile (--profile / DRA_GPU_PROFILE)")
         if self.resync_seconds <= 0:
             raise ValueError(f"resync seconds must be positive, got {self.resync_seconds}")
+        if self.claim_reads not in ("watch", "get"):
+            raise ValueError(
+                f"{flag_name('claim_reads')} / {env_name('claim_reads')}: "
+                f"{self.claim_reads!r} is not one of: watch, get"
+            )
         if self.health_poll_seconds <= 0:
             raise ValueError(
                 f"health poll seconds must be positive, got {self.health_poll_seconds}"

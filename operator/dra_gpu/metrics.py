@@ -45,6 +45,12 @@ UNPREPARE_SECONDS = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=AGENT,
 )
+CLAIM_READS = Counter(
+    "dra_gpu_claim_reads_total",
+    "Claims read by prepare, by source: the watch's copy (cache) or a GET (api).",
+    ["source"],
+    registry=AGENT,
+)
 PREPARED_DEVICES = Gauge(
     "dra_gpu_prepared_devices",
     "Devices of prepared claims on this node (from the checkpoint).",
@@ -117,6 +123,8 @@ for _result in RESULTS:
     PREPARE_SECONDS.labels(_result)
     UNPREPARE_SECONDS.labels(_result)
     SLICE_PUBLICATIONS.labels(_result)
+for _source in ("cache", "api"):
+    CLAIM_READS.labels(_source)
 
 # --- controller ---------------------------------------------------------------------------------
 

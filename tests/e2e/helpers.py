@@ -10,11 +10,14 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
+import grpc
 import pytest
 
 from dra_gpu import kube, slices
+from dra_gpu.proto.dra.v1 import api_pb2 as v1
+from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.testing import (
     AgentProcess,
     ControlPlane,
@@ -25,6 +28,7 @@ from dra_gpu.testing import (
 )
 
 RESOURCE = "/apis/resource.k8s.io/v1"
+DRIVER = "gpu.example.com"
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "crds-examples"
@@ -165,6 +169,77 @@ async def pod_with_claim(api: kube.Kube, ns: str, name: str, node: str = "node-0
             },
         },
     )
+
+
+async def allocated_claim(
+    api: kube.Kube,
+    ns: str,
+    node: str,
+    device: str,
+    *,
+    name: str = "gpu",
+    reserved: bool = False,
+) -> v1.Claim:
+    """Claim ``name`` allocated ``device`` of ``node``'s pool (and with ``reserved``, reserved
+    for a pod that ``holder`` made), written as the scheduler would; as the kubelet names it."""
+    base = f"{RESOURCE}/namespaces/{ns}/resourceclaims"
+    request = {"name": "gpu", "exactly": {"deviceClassName": "any"}}
+    created = await api.create(
+        base, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+    )
+    pod = await holder(api, ns, name) if reserved else None
+    created["status"] = allocation(node, device, pod)
+    await api.replace(f"{base}/{name}/status", created)
+    return v1.Claim(namespace=ns, name=name, uid=created["metadata"]["uid"])
+
+
+async def holder(api: kube.Kube, ns: str, claim: str) -> kube.Body:
+    """A pod that uses ``claim`` and never runs (held by a scheduling gate), for a reservation
+    that Kubernetes keeps (its resourceclaim controller removes those of pods that are gone)."""
+    return await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"generateName": f"{claim}-holder-"},
+            "spec": {
+                "schedulingGates": [{"name": "example.com/never"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [workload("main", claims=["gpu"])],
+            },
+        },
+    )
+
+
+def allocation(node: str, device: str, pod: kube.Body | None = None) -> kube.Body:
+    """A claim's status: ``device`` of ``node``'s pool allocated (and reserved for ``pod``)."""
+    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
+    status: kube.Body = {"allocation": {"devices": {"results": [result]}}}
+    if pod is not None:
+        meta = pod["metadata"]
+        status["reservedFor"] = [{"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]
+    return status
+
+
+async def plugin_call(
+    node: RealNode, method: Literal["prepare", "unprepare"], claim: v1.Claim
+) -> v1.NodePrepareResourceResponse | v1.NodeUnprepareResourceResponse:
+    """Prepare or unprepare ``claim`` as ``node``'s kubelet would; the claim's answer, which
+    must not be an error."""
+    socket = f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
+    async with grpc.aio.insecure_channel(socket) as channel:
+        stub = v1_grpc.DRAPluginStub(channel)
+        result: v1.NodePrepareResourceResponse | v1.NodeUnprepareResourceResponse
+        if method == "prepare":
+            prepared = await stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[claim]), timeout=10
+            )
+            result = prepared.claims[claim.uid]
+        else:
+            unprepared = await stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=10
+            )
+            result = unprepared.claims[claim.uid]
+    assert not result.error, result.error
+    return result
 
 
 async def events_of(api: kube.Kube, namespace: str, kind: str = "Pod") -> list[kube.Body]:

@@ -16,14 +16,12 @@ import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import grpc
 import pytest_asyncio
 
 from dra_gpu import kube, slices
 from dra_gpu.agent import cdi, checkpoint
-from dra_gpu.proto.dra.v1 import api_pb2 as v1
-from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
+from tests.e2e.helpers import allocated_claim, plugin_call
 
 NODE = "node-03"
 DRIVER = "gpu.example.com"
@@ -180,39 +178,6 @@ async def owned_by(api: kube.Kube, devices: int, instance: str) -> bool:
     return found is not None and found[1] == instance
 
 
-async def allocated_claim(api: kube.Kube, namespace: str, device: str) -> v1.Claim:
-    """A claim allocated ``device`` of node-03's pool, written as the scheduler would."""
-    base = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
-    request = {"name": "gpu", "exactly": {"deviceClassName": "any"}}
-    created = await api.create(
-        base, {"metadata": {"name": "gpu"}, "spec": {"devices": {"requests": [request]}}}
-    )
-    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-    created["status"] = {"allocation": {"devices": {"results": [result]}}}
-    await api.replace(f"{base}/gpu/status", created)
-    return v1.Claim(namespace=namespace, name="gpu", uid=created["metadata"]["uid"])
-
-
-async def call(node: RealNode, method: str, claim: v1.Claim) -> str:
-    """Prepare or unprepare ``claim`` as the kubelet would; the answer, serialized."""
-    socket = f"unix://{node.kubelet_dir}/plugins/{DRIVER}/dra.sock"
-    async with grpc.aio.insecure_channel(socket) as channel:
-        stub = v1_grpc.DRAPluginStub(channel)
-        result: v1.NodePrepareResourceResponse | v1.NodeUnprepareResourceResponse
-        if method == "prepare":
-            prepared = await stub.NodePrepareResources(
-                v1.NodePrepareResourcesRequest(claims=[claim]), timeout=10
-            )
-            result = prepared.claims[claim.uid]
-        else:
-            unprepared = await stub.NodeUnprepareResources(
-                v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=10
-            )
-            result = unprepared.claims[claim.uid]
-    assert not result.error, result.error
-    return str(result)
-
-
 async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool(
     api: kube.Kube,
     node_named: dict[str, RealNode],
@@ -228,8 +193,9 @@ async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool
     await eventually(lambda: pool_of(api, 3), what="the second agent's pool (3 devices)")
     await eventually(lambda: "no longer writing" in log_of(first), what="the first agent retired")
 
-    claim = await allocated_claim(api, namespace, "gpu-0")
-    prepared = await call(node, "prepare", claim)  # as the kubelet would: the second one
+    claim = await allocated_claim(api, namespace, NODE, "gpu-0")
+    # Prepared as the kubelet would: by the second agent
+    prepared = str(await plugin_call(node, "prepare", claim))
     cdi_dir, recorded = tmp_path / "host" / "cdi", tmp_path / "host" / "checkpoint"
     assert set(cdi.list_claim_specs(cdi_dir, DRIVER)) == {claim.uid}
     assert set(checkpoint.read_checkpoint(recorded / "checkpoint.json").claims) == {claim.uid}
@@ -237,8 +203,8 @@ async def test_with_shared_host_directories_the_claims_prepared_go_with_the_pool
     # The second one goes; the first one takes over the sockets, the pool, and the claim.
     second.stop()
     await eventually(lambda: owned_by(api, 2, one), timeout=60, what="the first agent's pool")
-    again = await call(node, "prepare", claim)
+    again = str(await plugin_call(node, "prepare", claim))
     assert again == prepared, "answered from the checkpoint the second agent left"
-    await call(node, "unprepare", claim)
+    await plugin_call(node, "unprepare", claim)
     assert cdi.list_claim_specs(cdi_dir, DRIVER) == {}
     assert checkpoint.read_checkpoint(recorded / "checkpoint.json").claims == {}

@@ -29,6 +29,7 @@ from typing import NoReturn
 
 from dra_gpu import events, httpserver, kube, metrics
 from dra_gpu.agent import cdi, checkpoint, claims, memory, server
+from dra_gpu.agent.claimcache import ClaimCache
 from dra_gpu.agent.health import ClaimOnDevice, HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
@@ -123,6 +124,11 @@ async def _run(
     monitor.on_change = publisher.trigger
     monitor.inventory = publisher.inventory
     status_writer = StatusWriter(api, settings.node_name)
+    cache = (
+        ClaimCache(settings.driver_name, settings.node_name)
+        if settings.claim_reads == "watch"
+        else None
+    )
     state = DeviceState(
         api=api,
         driver=settings.driver_name,
@@ -133,6 +139,7 @@ async def _run(
         inventory=publisher.inventory,
         status=status_writer,
         mig=backend if isinstance(backend, model.MigInstances) else None,
+        cache=cache,
     )
     monitor.claims = lambda: [
         ClaimOnDevice(
@@ -152,6 +159,7 @@ async def _run(
             settings,
             api,
             state,
+            cache,
             publisher,
             monitor,
             status_writer,
@@ -173,6 +181,7 @@ async def _serve(
     settings: AgentSettings,
     api: kube.Kube,
     state: DeviceState,
+    cache: ClaimCache | None,
     publisher: SlicePublisher,
     monitor: HealthMonitor,
     status_writer: StatusWriter,
@@ -243,6 +252,8 @@ async def _serve(
                     )
                     tasks.create_task(sockets.keep_forever(), name="plugin-sockets")
                     tasks.create_task(memory.trim_after_bursts(), name="memory")
+                    if cache is not None:
+                        tasks.create_task(cache.run_forever(api), name="claim-cache")
                     tasks.create_task(_stop_on(stopping), name="stop")
             except* _Stop:
                 log.info("stopping; slices stay published")

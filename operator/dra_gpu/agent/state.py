@@ -1,6 +1,7 @@
 """Prepared claims on this node: prepare, unprepare, and recovery at start.
 
-Prepare reads the claim, takes our driver's devices from its allocation, applies the opaque
+Prepare reads the claim (from the watch's copy, ``claimcache``, when it may be used; else with a
+GET), takes our driver's devices from its allocation, applies the opaque
 configuration (class configs, then claim configs), writes the claim's CDI spec and then records
 the claim in the checkpoint before answering; unprepare undoes both. Both are idempotent: a
 recorded claim is answered from the checkpoint (its spec written again if a reboot emptied the
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dra_gpu import kube, metrics, opaque
-from dra_gpu.agent import cdi, checkpoint, claims, failpoints
+from dra_gpu.agent import cdi, checkpoint, claimcache, claims, failpoints
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.devices import mig, model
 
@@ -136,8 +137,10 @@ class DeviceState:
         inventory: InventorySource,
         status: StatusSink,
         mig: model.MigInstances | None = None,
+        cache: claimcache.ClaimCache | None = None,
     ) -> None:
         self.api = api
+        self._cache = cache
         self._mig = mig
         self.driver = driver
         self.node = node
@@ -507,6 +510,10 @@ class DeviceState:
                 log.info("claim %s: destroyed MIG instance %s", ref, instance)
 
     async def _read_claim(self, ref: ClaimRef) -> kube.Body:
+        cached = self._cache.lookup(ref) if self._cache is not None else None
+        metrics.CLAIM_READS.labels("api" if cached is None else "cache").inc()
+        if cached is not None:
+            return cached
         try:
             async with self._reads:
                 return await self.api.get(ref.path)
@@ -604,6 +611,8 @@ class DeviceState:
         return error
 
     async def _unprepare(self, ref: ClaimRef) -> None:
+        if self._cache is not None:
+            self._cache.unprepared(ref.uid)
         self._check_not_retired(ref)
         delete_spec = functools.partial(self._delete_spec_blocking, ref.uid)
         recorded = self._checkpoint.claims.get(ref.uid)

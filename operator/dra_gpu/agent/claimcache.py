@@ -1,0 +1,144 @@
+"""Claims allocated from this node's pool, as one watch of the API server sees them: prepare
+without a GET.
+
+The kubelet names a claim (namespace, name, UID) and prepare needs its allocation. Reading it
+with a GET costs a round trip to the API server on every pod start, the largest part of a
+prepare. This cache keeps, from one list-then-watch of every ResourceClaim, a small copy of
+those whose allocation holds devices of our driver from our pool: UID, resource version,
+whether a pod has it reserved, and the allocation (everything else, managed fields included,
+is dropped as each event arrives). ``lookup`` answers for a claim only when its copy is one a
+GET would have given in substance:
+
+- same UID (a claim deleted and re-created under the same name is another claim);
+- reserved for a pod: the API server refuses to change or remove the allocation of a claim
+  that some pod has reserved, so while that holds the allocation read here is the one the
+  kubelet's pod runs with;
+- the watch is live: listed and not broken since; while it relists or reconnects, every
+  prepare reads with a GET;
+- not unprepared here since: after the kubelet unprepares a claim, its copies are not trusted
+  until the watch shows the claim without a reservation (or without an allocation, or gone).
+  A claim of a finished pod may be deallocated and allocated again, other devices, to a new
+  pod on this node: a lagging watch must not hand out the old devices.
+
+What remains is a watch that lags behind a whole unreserve, deallocate, allocate and bind of a
+claim that was never prepared here (a pod deleted between scheduling and starting): the watch
+carries the API server's events in order, milliseconds behind the scheduler's, while that chain
+takes several API round trips through other components. ``--claim-reads get`` turns the cache
+off. A miss, for whatever reason, is a GET, as without the cache (``metrics.CLAIM_READS`` counts
+both).
+
+Costs: one watch per node over every claim of the cluster (the API server's watch cache serves
+them); each event is decoded and dropped unless it is ours; memory in proportion to this
+node's claims only.
+
+Owns: nothing on disk; the copies are read by ``state.DeviceState`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from dra_gpu import kube
+from dra_gpu.agent.claims import ClaimRef
+
+log = logging.getLogger(__name__)
+
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+@dataclasses.dataclass(frozen=True)
+class Copy:
+    """What is kept of a claim: enough for prepare (``claims.check_identity``,
+    ``claims.allocated_devices``, ``claims.allocation_configs``), as a ``kube.Body``."""
+
+    resource_version: str
+    reserved: bool
+    body: kube.Body
+
+
+def ours(claim: Mapping[str, Any], driver: str, pool: str) -> Copy | None:
+    """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``."""
+    status = claim.get("status") or {}
+    allocation = status.get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    if not any(r.get("driver") == driver and r.get("pool") == pool for r in results):
+        return None
+    meta = claim.get("metadata") or {}
+    body = {
+        "metadata": {
+            "uid": meta.get("uid"),
+            "namespace": meta.get("namespace"),
+            "name": meta.get("name"),
+        },
+        "status": {"allocation": allocation},
+    }
+    return Copy(str(meta.get("resourceVersion", "")), bool(status.get("reservedFor")), body)
+
+
+class ClaimCache:
+    """The copies, by namespace and name, and whether they may be used now."""
+
+    def __init__(self, driver: str, pool: str) -> None:
+        self.driver, self.pool = driver, pool
+        self._copies: dict[tuple[str, str], Copy] = {}
+        self._distrusted: set[str] = set()
+        """UIDs unprepared here whose copies are not used until the claim is seen released."""
+        self.live = False
+        """Listed, and the watch not broken since."""
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def lookup(self, ref: ClaimRef) -> kube.Body | None:
+        """The claim as prepare needs it, or None: read it with a GET."""
+        copy = self._copies.get((ref.namespace, ref.name)) if self.live else None
+        usable = (
+            copy is not None
+            and copy.reserved
+            and copy.body["metadata"]["uid"] == ref.uid
+            and ref.uid not in self._distrusted
+        )
+        return copy.body if usable and copy is not None else None
+
+    def unprepared(self, uid: str) -> None:
+        """The kubelet unprepared this claim: distrust its copies until it is released."""
+        self._distrusted.add(uid)
+
+    def listed(self, items: list[kube.Body]) -> None:
+        """A (re)list: the copies are what it says, and the cache is live."""
+        self._copies = {}
+        for claim in items:
+            self.apply("ADDED", claim)
+        seen = {c.get("metadata", {}).get("uid") for c in items}
+        self._distrusted &= seen  # a claim gone meanwhile was released
+        self.live = True
+
+    def broken(self) -> None:
+        """The watch broke: nothing is used until the next list."""
+        self.live = False
+
+    def apply(self, kind: str, claim: kube.Body) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED)."""
+        meta = claim.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        copy = None if kind == "DELETED" else ours(claim, self.driver, self.pool)
+        if copy is None:
+            self._copies.pop(key, None)
+        else:
+            self._copies[key] = copy
+        if copy is None or not copy.reserved:
+            self._distrusted.discard(str(meta.get("uid", "")))
+
+    async def run_forever(self, api: kube.Kube) -> NoReturn:
+        """List and watch every claim, forever (``kube.Kube.watch_forever`` relists after
+        errors; ``broken`` is called when the watch breaks)."""
+        async for kind, obj in api.watch_forever(CLAIMS, on_break=self.broken):
+            if kind == "SYNC":
+                self.listed(obj.get("items", []))
+                log.info("claim cache: %d claim(s) of node %s", len(self), self.pool)
+            else:
+                self.apply(kind, obj)
+        raise AssertionError("watch_forever never ends")
