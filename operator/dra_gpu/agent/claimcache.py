@@ -4,10 +4,10 @@ without a GET.
 The kubelet names a claim (namespace, name, UID) and prepare needs its allocation. Reading it
 with a GET costs a round trip to the API server on every pod start, the largest part of a
 prepare. This cache keeps, from one list-then-watch of every ResourceClaim, a small copy of
-those whose allocation holds devices of our driver from our pool: UID, resource version,
-whether a pod has it reserved, and the allocation (everything else, managed fields included,
-is dropped as each event arrives). ``lookup`` answers for a claim only when its copy is one a
-GET would have given in substance:
+those whose allocation holds devices of our driver from our pool: UID, whether a pod has it
+reserved, and our part of the allocation (everything else, managed fields included, is dropped
+as each event arrives). ``lookup`` answers for a claim only when its copy is one a GET would
+have given in substance:
 
 - same UID (a claim deleted and re-created under the same name is another claim);
 - reserved for a pod: the API server refuses to change or remove the allocation of a claim
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -54,28 +55,35 @@ class Copy:
     """What is kept of a claim: enough for prepare (``claims.check_identity``,
     ``claims.allocated_devices``, ``claims.allocation_configs``), as a ``kube.Body``."""
 
-    resource_version: str
     reserved: bool
     body: kube.Body
 
 
 def ours(claim: Mapping[str, Any], driver: str, pool: str) -> Copy | None:
-    """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``."""
+    """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``: our
+    results and the allocation's configs, the rest dropped (a node keeps a copy of each of its
+    claims, so a copy is kept small: repeated names are interned)."""
     status = claim.get("status") or {}
-    allocation = status.get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    if not any(r.get("driver") == driver and r.get("pool") == pool for r in results):
+    devices = (status.get("allocation") or {}).get("devices") or {}
+    results = [
+        {key: sys.intern(value) if isinstance(value, str) else value for key, value in r.items()}
+        for r in devices.get("results") or []
+        if r.get("driver") == driver
+    ]
+    if not any(r.get("pool") == pool for r in results):
         return None
     meta = claim.get("metadata") or {}
     body = {
         "metadata": {
             "uid": meta.get("uid"),
-            "namespace": meta.get("namespace"),
+            "namespace": sys.intern(str(meta.get("namespace", ""))),
             "name": meta.get("name"),
         },
-        "status": {"allocation": allocation},
+        "status": {
+            "allocation": {"devices": {"results": results, "config": devices.get("config") or []}}
+        },
     }
-    return Copy(str(meta.get("resourceVersion", "")), bool(status.get("reservedFor")), body)
+    return Copy(bool(status.get("reservedFor")), body)
 
 
 class ClaimCache:
@@ -127,7 +135,7 @@ class ClaimCache:
         copy = None if kind == "DELETED" else ours(claim, self.driver, self.pool)
         if copy is None:
             self._copies.pop(key, None)
-        else:
+        elif copy != self._copies.get(key):  # most events change nothing kept (status.devices)
             self._copies[key] = copy
         if copy is None or not copy.reserved:
             self._distrusted.discard(str(meta.get("uid", "")))

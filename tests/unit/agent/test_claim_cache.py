@@ -63,6 +63,16 @@ def test_a_reserved_claim_of_our_pool_is_served_with_what_prepare_reads_and_noth
     assert "spec" not in body
 
 
+def test_a_copy_keeps_only_our_drivers_results() -> None:
+    body = claim()
+    nic = {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "nic-0"}
+    body["status"]["allocation"]["devices"]["results"].append(nic)
+    copy = ours(body, DRIVER, NODE)
+    assert copy is not None
+    results = copy.body["status"]["allocation"]["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-0"]
+
+
 def test_only_claims_with_our_devices_from_our_pool_are_kept() -> None:
     assert ours(claim(), DRIVER, NODE) is not None
     assert ours(claim(pool="node-02"), DRIVER, NODE) is None
