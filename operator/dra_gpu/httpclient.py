@@ -205,11 +205,8 @@ class Response:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives, each piece as the socket gave it."""
-        connection = self._connection
-        if connection is None or self._done:
-            return
         loop = asyncio.get_running_loop()
-        while True:
+        while (connection := self._connection) is not None and not self._done:
             deadline = self._deadline
             if self._timeout.read is not None:
                 silence = loop.time() + self._timeout.read
