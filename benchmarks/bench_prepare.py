@@ -12,8 +12,10 @@ NodeUnprepareResources over the agent's unix socket:
   given counts (default 100 and 1,000); failed claims are counted.
 
 The agent's resident memory (``VmRSS``, and its peak ``VmHWM``) is read from ``/proc`` once it
-is ready, right after the run, and ``SETTLE_SECONDS`` later (what a node keeps paying: the agent
-gives a burst's memory back once the burst is over, ``agent.memory``).
+is ready, right after the run, and settled: ``SETTLE_SECONDS`` after the claims' status has
+caught up (``dra_gpu_status_writes_pending`` back at 0; how long that took is printed), which is
+what a node keeps paying: the agent gives a burst's memory back once the burst is over
+(``agent.memory``).
 
 The floor is what a driver that reads each claim with a GET cannot avoid (the Go reference
 driver does): one GET of the claim plus one atomic file write, measured in this process with the
@@ -47,7 +49,7 @@ from dra_gpu import kube
 from dra_gpu.agent import files
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_gpu.testing import AgentProcess, ControlPlane, NodeRuntime, RealNode
+from dra_gpu.testing import AgentProcess, ControlPlane, NodeRuntime, RealNode, eventually
 
 NODE = "bench-node"
 DRIVER = "gpu.example.com"
@@ -69,6 +71,26 @@ def claim_reads(text: str) -> dict[str, float]:
     """The agent's ``dra_gpu_claim_reads_total`` by source (cache, api)."""
     found = re.findall(r'^dra_gpu_claim_reads_total\{source="(\w+)"\} (\S+)$', text, re.MULTILINE)
     return {source: float(value) for source, value in found}
+
+
+def status_writes_pending(text: str) -> float:
+    """The agent's ``dra_gpu_status_writes_pending``."""
+    found = re.search(r"^dra_gpu_status_writes_pending (\S+)$", text, re.MULTILINE)
+    assert found is not None, "the agent serves dra_gpu_status_writes_pending"
+    return float(found.group(1))
+
+
+async def status_caught_up(agent: AgentProcess) -> float:
+    """Seconds until the agent has no status write pending."""
+    t0 = time.perf_counter()
+    metric = "dra_gpu_status_writes_pending"
+    await eventually(
+        lambda: status_writes_pending(agent.metrics(metric)) == 0 or None,
+        timeout=120,
+        interval=0.1,
+        what="every status write done",
+    )
+    return time.perf_counter() - t0
 
 
 def split(items: list[v1.Claim], sizes: list[int]) -> list[list[v1.Claim]]:
@@ -304,6 +326,7 @@ async def run(
                 parallel = {n: await in_flight(stub, next(phases)) for n in concurrent}
             reads = claim_reads(agent.metrics())
             memory_after = memory_mib(agent.pid)
+            status_lag = await status_caught_up(agent)
             await asyncio.sleep(SETTLE_SECONDS)
             memory_settled = memory_mib(agent.pid)
             peer = await pydra(pydra_python, work, claims[:rounds]) if pydra_python else None
@@ -334,6 +357,8 @@ async def run(
     if peer is not None:
         pydra_p50, _ = report("pydra_tpu_prepare_one_at_a_time", peer["prepare"])
         report("pydra_tpu_prepare_plus_unprepare_one_at_a_time", peer["both"])
+    print(f"{'claims status caught up after the run':<42} {status_lag:8.2f} s")
+    print(f"BENCH status_caught_up_after_the_run {status_lag:.2f} s")
     for when, memory in (
         ("ready", memory_ready),
         ("after_the_run", memory_after),

@@ -51,6 +51,12 @@ CLAIM_READS = Counter(
     ["source"],
     registry=AGENT,
 )
+STATUS_WRITES_PENDING = Gauge(
+    "dra_gpu_status_writes_pending",
+    "ResourceClaim status.devices writes not done yet (waiting to coalesce, in flight, or to "
+    "be retried): how far the claims' status is behind this agent.",
+    registry=AGENT,
+)
 PREPARED_DEVICES = Gauge(
     "dra_gpu_prepared_devices",
     "Devices of prepared claims on this node (from the checkpoint).",

@@ -170,6 +170,12 @@ async def test_the_whole_tutorial_runs_the_pod_with_gpu_0_prepared_by_the_agent(
     assert not spec_file.exists()
     assert uid not in checkpoint.read_checkpoint(agents[0].checkpoint_file).claims
     assert 'dra_gpu_prepare_claims_total{result="success"} 1.0' in agents[0].metrics()
+    # What the agent wanted in status.devices is written, or moot now: nothing kept of it.
+    pending = "dra_gpu_status_writes_pending"
+    await eventually(
+        lambda: f"{pending} 0.0" in agents[0].metrics(pending) or None,
+        what="no status write pending",
+    )
 
 
 async def running_container(api: kube.Kube, ns: str, pod: str) -> str | None:
