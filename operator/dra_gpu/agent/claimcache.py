@@ -50,40 +50,61 @@ log = logging.getLogger(__name__)
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
-@dataclasses.dataclass(frozen=True)
+Result = tuple[tuple[str, Any], ...]
+"""One allocation result as its (key, value) pairs."""
+
+
+@dataclasses.dataclass(slots=True)
 class Copy:
     """What is kept of a claim: enough for prepare (``claims.check_identity``,
-    ``claims.allocated_devices``, ``claims.allocation_configs``), as a ``kube.Body``."""
+    ``claims.allocated_devices``, ``claims.allocation_configs``). A node keeps a copy of each
+    of its claims, so a copy is a few hundred bytes, not the decoded claim's tree of dicts:
+    tuples, with the names that repeat from claim to claim interned."""
 
+    uid: str
+    namespace: str
+    name: str
     reserved: bool
-    body: kube.Body
+    results: tuple[Result, ...]
+    """Our driver's results."""
+    config: tuple[Any, ...]
+    """The allocation's configs, as decoded."""
+
+    def body(self) -> kube.Body:
+        """The claim as a GET would give prepare what it reads."""
+        return {
+            "metadata": {"uid": self.uid, "namespace": self.namespace, "name": self.name},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [dict(r) for r in self.results],
+                        "config": list(self.config),
+                    }
+                }
+            },
+        }
 
 
 def ours(claim: Mapping[str, Any], driver: str, pool: str) -> Copy | None:
-    """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``: our
-    results and the allocation's configs, the rest dropped (a node keeps a copy of each of its
-    claims, so a copy is kept small: repeated names are interned)."""
+    """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``."""
     status = claim.get("status") or {}
     devices = (status.get("allocation") or {}).get("devices") or {}
-    results = [
-        {key: sys.intern(value) if isinstance(value, str) else value for key, value in r.items()}
+    results = tuple(
+        tuple((sys.intern(k), sys.intern(v) if isinstance(v, str) else v) for k, v in r.items())
         for r in devices.get("results") or []
         if r.get("driver") == driver
-    ]
-    if not any(r.get("pool") == pool for r in results):
+    )
+    if not any(("pool", pool) in r for r in results):
         return None
     meta = claim.get("metadata") or {}
-    body = {
-        "metadata": {
-            "uid": meta.get("uid"),
-            "namespace": sys.intern(str(meta.get("namespace", ""))),
-            "name": meta.get("name"),
-        },
-        "status": {
-            "allocation": {"devices": {"results": results, "config": devices.get("config") or []}}
-        },
-    }
-    return Copy(bool(status.get("reservedFor")), body)
+    return Copy(
+        uid=str(meta.get("uid", "")),
+        namespace=sys.intern(str(meta.get("namespace", ""))),
+        name=str(meta.get("name", "")),
+        reserved=bool(status.get("reservedFor")),
+        results=results,
+        config=tuple(devices.get("config") or ()),
+    )
 
 
 class ClaimCache:
@@ -106,10 +127,10 @@ class ClaimCache:
         usable = (
             copy is not None
             and copy.reserved
-            and copy.body["metadata"]["uid"] == ref.uid
+            and copy.uid == ref.uid
             and ref.uid not in self._distrusted
         )
-        return copy.body if usable and copy is not None else None
+        return copy.body() if usable and copy is not None else None
 
     def unprepared(self, uid: str) -> None:
         """The kubelet unprepared this claim: distrust its copies until it is released."""

@@ -311,7 +311,7 @@ class DeviceState:
         ]
         if not bare or not set(present) - held:
             return []
-        devices = (await self._inventory(False)).by_name()
+        devices = (await self._inventory(False)).by_name
         holders: dict[model.MigPlacement, list[tuple[checkpoint.PreparedClaim, str]]] = {}
         for claim, name in bare:
             placement = mig.placement_of(devices[name]) if name in devices else None
@@ -525,9 +525,10 @@ class DeviceState:
     async def _inventory_devices(
         self, ref: ClaimRef, allocated: Sequence[claims.AllocatedDevice]
     ) -> dict[str, model.Device]:
-        devices = (await self._inventory(False)).by_name()
+        """The allocated devices by name (a claim's own dict: prepare replaces entries)."""
+        devices = (await self._inventory(False)).by_name
         if any(a.device not in devices for a in allocated):
-            devices = (await self._inventory(True)).by_name()  # a device may have just appeared
+            devices = (await self._inventory(True)).by_name  # a device may have just appeared
         missing = [a.device for a in allocated if a.device not in devices]
         if missing:
             raise ClaimError(
@@ -535,7 +536,7 @@ class DeviceState:
                 f"(it has {', '.join(sorted(devices)) or 'no devices'}); it may have been "
                 "removed after the claim was allocated"
             )
-        return devices
+        return {a.device: devices[a.device] for a in allocated}
 
     def _status_entries(
         self, allocated: Sequence[claims.AllocatedDevice], devices: dict[str, model.Device]

@@ -16,6 +16,7 @@ Errors::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from fractions import Fraction
@@ -470,8 +471,10 @@ class Inventory:
             self, devices=tuple(dataclasses.replace(d, sharing=None) for d in self.devices)
         )
 
-    def by_name(self) -> dict[str, Device]:
-        return {d.name: d for d in self.devices}
+    @functools.cached_property
+    def by_name(self) -> Mapping[str, Device]:
+        """The devices by name, built once per inventory (every prepare looks devices up)."""
+        return MappingProxyType({d.name: d for d in self.devices})
 
 
 class Backend(Protocol):

@@ -69,7 +69,7 @@ def test_a_copy_keeps_only_our_drivers_results() -> None:
     body["status"]["allocation"]["devices"]["results"].append(nic)
     copy = ours(body, DRIVER, NODE)
     assert copy is not None
-    results = copy.body["status"]["allocation"]["devices"]["results"]
+    results = copy.body()["status"]["allocation"]["devices"]["results"]
     assert [r["device"] for r in results] == ["gpu-0"]
 
 

@@ -196,7 +196,7 @@ def test_a_profile_publishes_a_gpu_partitioned_by_its_mig_table() -> None:
     names = [d.name for d in inventory.devices]
     assert names[:2] == ["gpu-0", "gpu-0-mig-1g-10gb-0"]
     assert names[-1] == "gpu-1"
-    assert not inventory.by_name()["gpu-1"].consumes
+    assert not inventory.by_name["gpu-1"].consumes
 
 
 @pytest.mark.parametrize(

@@ -236,7 +236,7 @@ async def test_a_gpu_in_mig_mode_publishes_the_placements_nvml_reports() -> None
     )
     async with nvml.NvmlBackend("node-01", nvml=fake) as backend:
         inventory = await backend.inventory()
-    by_name = inventory.by_name()
+    by_name = inventory.by_name
     parts = [d for d in inventory.devices if d.partition_of == "gpu-0"]
     # Every placement of NVIDIA's table, named as the simulated backend names them.
     assert sorted(d.name for d in parts) == sorted(

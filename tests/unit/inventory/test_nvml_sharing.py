@@ -162,7 +162,7 @@ async def test_a_named_gpu_in_mig_mode_stays_partitioned_and_the_skip_is_logged_
         second = await shared.inventory()
     await shared.aclose()
     assert first == second
-    by_name = first.by_name()
+    by_name = first.by_name
     assert by_name["gpu-0"].sharing is None
     assert any(d.partition_of == "gpu-0" for d in first.devices)  # published MIG-partitioned
     assert by_name["gpu-1"].sharing is not None

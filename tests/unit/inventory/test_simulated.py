@@ -289,7 +289,7 @@ async def test_simulated_mig_instances_outlive_the_agent_but_not_the_hardware_di
     assert created.compute_instance == 0
     inventory = await backend.inventory()
     # Its MIG device is the partition device's UUID, which the container is told of.
-    assert created.uuid == inventory.by_name()["gpu-0-mig-3g-20gb-4"].uuid
+    assert created.uuid == inventory.by_name["gpu-0-mig-3g-20gb-4"].uuid
     assert await backend.create_mig_instance(placement) == created  # a retried call
     # The hardware refuses what would over-commit the GPU, and says why.
     with pytest.raises(model.InventoryError, match="memory slice\\(s\\) 4, 5 are taken"):
