@@ -113,7 +113,7 @@ def report(name: str, seconds: list[float]) -> tuple[float, float]:
     return p50, p99
 
 
-SETTLE_SECONDS = 3.0
+SETTLE_SECONDS = 5.0
 
 
 def memory_mib(pid: int) -> dict[str, float]:
