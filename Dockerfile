@@ -4,8 +4,8 @@
 #
 #   docker build -t ghcr.io/dra-gpu/dra-gpu:0.1.0 .
 #
-# The builder installs the package and its runtime dependencies (wheels only: grpcio and
-# protobuf ship manylinux wheels, the rest is pure Python) into a virtual environment; the
+# The builder installs the package and its runtime dependencies (wheels only: protobuf, PyYAML
+# and multidict ship manylinux wheels, the rest is pure Python) into a virtual environment; the
 # final stage is the same slim base with that venv and nothing else: no pip cache, no
 # compilers, no tests.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm

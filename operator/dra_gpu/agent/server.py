@@ -22,6 +22,13 @@ while the other agent's sockets answer, we leave them alone (and our slices to i
 ``contention``; and the checkpoint and CDI directory, see ``on_taken``); once they are gone,
 or nobody listens on them any more, ours come back (after ``on_back``) and the kubelet
 registers us again. We only ever remove socket files that are ours.
+
+The servers are grpclib's (gRPC over the pure-Python ``h2``), not grpcio's: grpcio's core
+library alone is 10 MiB resident once loaded and keeps ~10 MiB more after a burst of 1,000
+concurrent calls, on a process that runs on every GPU node; grpclib is 3 MiB and keeps almost
+nothing, at the same latency (README, "Prepare latency and memory"). The kubelet sees the same
+protocol. The method tables are built from the services' descriptors (``_method``), so a path
+cannot be misspelt.
 """
 
 from __future__ import annotations
@@ -38,21 +45,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import grpc
+import grpclib.client
+import grpclib.server
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.health import DeviceReport, HealthSource
 from dra_gpu.agent.state import DeviceState, PrepareFailed
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
-from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
-from dra_gpu.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_gpu.proto.drahealth.v1 import api_pb2 as health_v1
-from dra_gpu.proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from dra_gpu.proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
-from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +72,83 @@ HEALTH_RESEND_SECONDS = 10.0
 SOCKET_MODE = 0o660
 MAX_SOCKET_PATH = 107
 """Bytes in a unix socket's path (``sun_path`` is 108, with the terminating NUL)."""
+STOP_GRACE_SECONDS = 2.0
+"""How long a stop waits for the calls being answered."""
 SOCKET_CHECK_SECONDS = 2.0
 """How often ``keep_forever`` checks that our socket files are still ours (two ``stat`` calls)."""
 
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Handlers = dict[str, Handler]
+"""grpclib's method table: ``/<package>.<Service>/<Method>`` to its handler."""
+
+
+def _method(module: Any, service: str, method: str) -> str:
+    """A method's path, from the service's descriptor in the generated ``api_pb2`` module."""
+    descriptor = module.DESCRIPTOR.services_by_name[service]
+    return f"/{descriptor.full_name}/{descriptor.methods_by_name[method].name}"
+
+
+class _InFlight:
+    """The unary calls being answered: a stop lets them finish, for a while, before it
+    cancels what is left."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __enter__(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+        if not self.count:
+            self._idle.set()
+
+    async def drained(self, within: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), within)
+
+
+async def _request(stream: grpclib.server.Stream[Any, Any]) -> Any:
+    request = await stream.recv_message()
+    if request is None:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the call carries no request message")
+    return request
+
+
+def _unary(
+    calls: _InFlight, answer: Callable[[Any], Awaitable[Any]], request: type, reply: type
+) -> Handler:
+    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        received = await _request(stream)
+        with calls:
+            answered = await answer(received)
+        await stream.send_message(answered)
+
+    return Handler(handle, Cardinality.UNARY_UNARY, request, reply)
+
+
+def _server_stream(
+    answer: Callable[[Any], AsyncIterator[Any]], request: type, reply: type
+) -> Handler:
+    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        async for message in answer(await _request(stream)):
+            await stream.send_message(message)
+
+    return Handler(handle, Cardinality.UNARY_STREAM, request, reply)
+
+
+class _Servable:
+    """A method table as grpclib serves it (its ``IServable``)."""
+
+    def __init__(self, handlers: Handlers) -> None:
+        self.handlers = handlers
+
+    def __mapping__(self) -> Handlers:
+        return self.handlers
+
 
 _PrepareResponse = TypeVar(
     "_PrepareResponse", v1.NodePrepareResourcesResponse, v1beta1.NodePrepareResourcesResponse
@@ -118,39 +195,65 @@ async def _unprepare(
     return response
 
 
-class _Adapter:
+class DraServicerV1:
+    """DRAPlugin v1: messages in and out; the logic is ``DeviceState``'s, shared by both."""
+
     def __init__(self, state: DeviceState) -> None:
         self.state = state
 
-
-class DraServicerV1(_Adapter, v1_grpc.DRAPluginServicer):
-    """DRAPlugin v1: messages in and out; the logic is ``DeviceState``'s, shared by both."""
-
     async def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: Context
+        self, request: v1.NodePrepareResourcesRequest
     ) -> v1.NodePrepareResourcesResponse:
         return await _prepare(self.state, request.claims, v1.NodePrepareResourcesResponse())
 
     async def NodeUnprepareResources(
-        self, request: v1.NodeUnprepareResourcesRequest, context: Context
+        self, request: v1.NodeUnprepareResourcesRequest
     ) -> v1.NodeUnprepareResourcesResponse:
         return await _unprepare(self.state, request.claims, v1.NodeUnprepareResourcesResponse())
 
+    def handlers(self, calls: _InFlight) -> Handlers:
+        return _dra_handlers(v1, self, calls)
 
-class DraServicerV1Beta1(_Adapter, v1beta1_grpc.DRAPluginServicer):
+
+class DraServicerV1Beta1:
     """DRAPlugin v1beta1: ``DraServicerV1`` with the older version's messages."""
 
+    def __init__(self, state: DeviceState) -> None:
+        self.state = state
+
     async def NodePrepareResources(
-        self, request: v1beta1.NodePrepareResourcesRequest, context: Context
+        self, request: v1beta1.NodePrepareResourcesRequest
     ) -> v1beta1.NodePrepareResourcesResponse:
         response = v1beta1.NodePrepareResourcesResponse()
         return await _prepare(self.state, request.claims, response)
 
     async def NodeUnprepareResources(
-        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Context
+        self, request: v1beta1.NodeUnprepareResourcesRequest
     ) -> v1beta1.NodeUnprepareResourcesResponse:
         response = v1beta1.NodeUnprepareResourcesResponse()
         return await _unprepare(self.state, request.claims, response)
+
+    def handlers(self, calls: _InFlight) -> Handlers:
+        return _dra_handlers(v1beta1, self, calls)
+
+
+def _dra_handlers(
+    module: Any, servicer: DraServicerV1 | DraServicerV1Beta1, calls: _InFlight
+) -> Handlers:
+    return {
+        _method(module, "DRAPlugin", "NodePrepareResources"): _unary(
+            calls,
+            servicer.NodePrepareResources,
+            module.NodePrepareResourcesRequest,
+            module.NodePrepareResourcesResponse,
+        ),
+        _method(module, "DRAPlugin", "NodeUnprepareResources"): _unary(
+            calls,
+            servicer.NodeUnprepareResources,
+            module.NodeUnprepareResourcesRequest,
+            module.NodeUnprepareResourcesResponse,
+        ),
+    }
 
 
 _HealthResponse = TypeVar(
@@ -201,28 +304,26 @@ def _add_report(
     entry.message = report.message
 
 
-class HealthServicerV1(health_v1_grpc.DRAResourceHealthServicer):
-    def __init__(self, source: HealthSource, pool: str, resend: float) -> None:
+class HealthServicer:
+    """DRAResourceHealth, either version (``module``: its generated ``api_pb2``)."""
+
+    def __init__(self, module: Any, source: HealthSource, pool: str, resend: float) -> None:
+        self.module = module
         self.source, self.pool, self.resend = source, pool, resend
 
-    async def NodeWatchResources(
-        self, request: health_v1.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
-        response = health_v1.NodeWatchResourcesResponse
+    async def NodeWatchResources(self, request: object) -> AsyncIterator[_HealthResponse]:
+        response = self.module.NodeWatchResourcesResponse
         async for message in _watch_health(self.source, self.pool, response, self.resend):
             yield message
 
-
-class HealthServicerV1Alpha1(health_v1alpha1_grpc.DRAResourceHealthServicer):
-    def __init__(self, source: HealthSource, pool: str, resend: float) -> None:
-        self.source, self.pool, self.resend = source, pool, resend
-
-    async def NodeWatchResources(
-        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
-        response = health_v1alpha1.NodeWatchResourcesResponse
-        async for message in _watch_health(self.source, self.pool, response, self.resend):
-            yield message
+    def handlers(self) -> Handlers:
+        return {
+            _method(self.module, "DRAResourceHealth", "NodeWatchResources"): _server_stream(
+                self.NodeWatchResources,
+                self.module.NodeWatchResourcesRequest,
+                self.module.NodeWatchResourcesResponse,
+            )
+        }
 
 
 @dataclasses.dataclass
@@ -240,7 +341,7 @@ class RegistrationStatus:
     """Set once the kubelet accepted us: devices are usable from then on."""
 
 
-class RegistrationServicer(reg_grpc.RegistrationServicer):
+class RegistrationServicer:
     def __init__(
         self, driver: str, endpoint: Path, status: RegistrationStatus, health: bool = False
     ) -> None:
@@ -252,11 +353,11 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         )
         self.status = status
 
-    async def GetInfo(self, request: reg.InfoRequest, context: Context) -> reg.PluginInfo:
+    async def GetInfo(self, request: reg.InfoRequest) -> reg.PluginInfo:
         return self.info
 
     async def NotifyRegistrationStatus(
-        self, request: reg.RegistrationStatus, context: Context
+        self, request: reg.RegistrationStatus
     ) -> reg.RegistrationStatusResponse:
         self.status.registered = request.plugin_registered
         self.status.error = request.error
@@ -269,6 +370,19 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             log.error("the kubelet refused the registration: %s", request.error)
         return reg.RegistrationStatusResponse()
 
+    def handlers(self, calls: _InFlight) -> Handlers:
+        return {
+            _method(reg, "Registration", "GetInfo"): _unary(
+                calls, self.GetInfo, reg.InfoRequest, reg.PluginInfo
+            ),
+            _method(reg, "Registration", "NotifyRegistrationStatus"): _unary(
+                calls,
+                self.NotifyRegistrationStatus,
+                reg.RegistrationStatus,
+                reg.RegistrationStatusResponse,
+            ),
+        }
+
 
 SocketId = tuple[int, int]
 """(device, inode) of a socket file: a socket created again at the same path is another one."""
@@ -277,11 +391,11 @@ SocketId = tuple[int, int]
 @dataclasses.dataclass
 class _Bound:
     path: Path
-    server: grpc.aio.Server
+    server: grpclib.server.Server
     socket_id: SocketId
 
 
-async def _bind(path: Path, servicers: Sequence[tuple[object, object]]) -> _Bound:
+async def _bind(path: Path, handlers: Handlers) -> _Bound:
     """A started gRPC server on a unix socket at ``path``; a stale socket file is replaced.
 
     The socket is bound under a hidden temporary name and renamed into place: the path never
@@ -299,14 +413,11 @@ async def _bind(path: Path, servicers: Sequence[tuple[object, object]]) -> _Boun
     if len(os.fsencode(bind_at)) > MAX_SOCKET_PATH:
         bind_at = path  # no room for a temporary name: bind in place, as gRPC would
     _clear(bind_at)
-    server = grpc.aio.server()
-    for add, servicer in servicers:
-        add(servicer, server)  # type: ignore[operator]
+    server = grpclib.server.Server([_Servable(handlers)])
     # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
     old = os.umask(0o117)
     try:
-        server.add_insecure_port(f"unix://{bind_at}")
-        await server.start()
+        await server.start(path=str(bind_at))
     finally:
         os.umask(old)
     if bind_at != path:
@@ -376,29 +487,17 @@ class PluginServers:
         self.taken = False
         """Another process's socket is, or was since our sockets were last created, where
         ours were; also when found only as we stop."""
-        dra_servicers: list[tuple[object, object]] = [
-            (v1_grpc.add_DRAPluginServicer_to_server, DraServicerV1(state)),
-            (v1beta1_grpc.add_DRAPluginServicer_to_server, DraServicerV1Beta1(state)),
-        ]
+        self._calls = _InFlight()
+        self._dra_handlers = {
+            **DraServicerV1(state).handlers(self._calls),
+            **DraServicerV1Beta1(state).handlers(self._calls),
+        }
         if health is not None:
-            resend = health_resend_seconds
-            dra_servicers += [
-                (
-                    health_v1_grpc.add_DRAResourceHealthServicer_to_server,
-                    HealthServicerV1(health, pool, resend),
-                ),
-                (
-                    health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server,
-                    HealthServicerV1Alpha1(health, pool, resend),
-                ),
-            ]
-        self._dra_servicers = tuple(dra_servicers)
-        self._registration_servicers = (
-            (
-                reg_grpc.add_RegistrationServicer_to_server,
-                RegistrationServicer(driver, dra_socket, status, health=health is not None),
-            ),
-        )
+            for module in (health_v1, health_v1alpha1):
+                servicer = HealthServicer(module, health, pool, health_resend_seconds)
+                self._dra_handlers |= servicer.handlers()
+        registration = RegistrationServicer(driver, dra_socket, status, health=health is not None)
+        self._registration_handlers = registration.handlers(self._calls)
         self._bound: list[_Bound] = []
         self._taken_by: SocketId | None = None
 
@@ -412,20 +511,24 @@ class PluginServers:
     async def start(self) -> None:
         """DRA socket first: the kubelet dials as soon as it sees the registration socket."""
         try:
-            self._bound.append(await _bind(self.dra_socket, self._dra_servicers))
-            self._bound.append(await _bind(self.registration_socket, self._registration_servicers))
+            self._bound.append(await _bind(self.dra_socket, self._dra_handlers))
+            self._bound.append(await _bind(self.registration_socket, self._registration_handlers))
         except BaseException:
             await self.stop()
             raise
 
-    async def stop(self) -> None:
-        """Registration socket first; a socket file that is no longer ours stays."""
-        while self._bound:
-            bound = self._bound.pop()
+    async def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Registration socket first; a socket file that is no longer ours stays. Calls being
+        answered get ``grace`` seconds to finish; then whatever is left is cancelled."""
+        for bound in reversed(self._bound):
             if _socket_id(bound.path) not in (None, bound.socket_id):
                 self.taken = True
             _remove_if_ours(bound)
-            await bound.server.stop(grace=2)
+        await self._calls.drained(grace)
+        while self._bound:
+            bound = self._bound.pop()
+            bound.server.close()
+            await bound.server.wait_closed()
 
     async def check(self) -> str | None:
         """Re-create our sockets if their files are gone or lead nowhere; leave them to a live
@@ -479,12 +582,19 @@ the registration goes first."""
 async def answers(registration_socket: Path, dra_socket: Path, deadline: float = 1.0) -> bool:
     """Whether both servers answer as the kubelet calls them (an empty prepare is a no-op)."""
     try:
-        async with grpc.aio.insecure_channel(f"unix://{registration_socket}") as channel:
-            await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=deadline)
-        async with grpc.aio.insecure_channel(f"unix://{dra_socket}") as channel:
-            await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                v1.NodePrepareResourcesRequest(), timeout=deadline
+        async with grpclib.client.Channel(path=str(registration_socket)) as channel:
+            get_info = grpclib.client.UnaryUnaryMethod(
+                channel, _method(reg, "Registration", "GetInfo"), reg.InfoRequest, reg.PluginInfo
             )
-    except grpc.aio.AioRpcError:
+            await get_info(reg.InfoRequest(), timeout=deadline)
+        async with grpclib.client.Channel(path=str(dra_socket)) as channel:
+            prepare = grpclib.client.UnaryUnaryMethod(
+                channel,
+                _method(v1, "DRAPlugin", "NodePrepareResources"),
+                v1.NodePrepareResourcesRequest,
+                v1.NodePrepareResourcesResponse,
+            )
+            await prepare(v1.NodePrepareResourcesRequest(), timeout=deadline)
+    except (GRPCError, StreamTerminatedError, ProtocolError, OSError, TimeoutError):
         return False
     return True

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import stat
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -13,9 +12,6 @@ from dra_gpu.agent import server
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.unit.agent.test_state import state
-
-NO_CONTEXT: Any = None
-"""For servicer methods called directly: ours never use their context."""
 
 
 async def test_registration_advertises_v1_first_and_health_follows_the_servers(
@@ -55,7 +51,7 @@ async def test_a_refused_registration_is_recorded_with_the_kubelets_reason(tmp_p
     status = server.RegistrationStatus()
     servicer = server.RegistrationServicer("gpu.example.com", tmp_path / "dra.sock", status)
     await servicer.NotifyRegistrationStatus(
-        reg.RegistrationStatus(plugin_registered=False, error="version mismatch"), NO_CONTEXT
+        reg.RegistrationStatus(plugin_registered=False, error="version mismatch")
     )
     assert (status.registered, status.error) == (False, "version mismatch")
     assert not status.accepted.is_set()
