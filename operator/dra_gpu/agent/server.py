@@ -41,7 +41,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -89,26 +89,36 @@ def _method(module: Any, service: str, method: str) -> str:
 
 
 class _InFlight:
-    """The unary calls being answered: a stop lets them finish, for a while, before it
-    cancels what is left."""
+    """The unary calls being answered: a stop lets them finish, for a while, and answers
+    those still running then with UNAVAILABLE (the kubelet calls again), rather than leaving
+    the kubelet to wait for its deadline."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self._streams: set[grpclib.server.Stream[Any, Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def __enter__(self) -> None:
-        self.count += 1
+    @contextlib.contextmanager
+    def answering(self, stream: grpclib.server.Stream[Any, Any]) -> Iterator[None]:
+        self._streams.add(stream)
         self._idle.clear()
-
-    def __exit__(self, *exc: object) -> None:
-        self.count -= 1
-        if not self.count:
-            self._idle.set()
+        try:
+            yield
+        finally:
+            self._streams.discard(stream)
+            if not self._streams:
+                self._idle.set()
 
     async def drained(self, within: float) -> None:
+        """Once no call is being answered, or ``within`` seconds later; then the calls still
+        running are answered UNAVAILABLE."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), within)
+        for stream in list(self._streams):
+            with contextlib.suppress(Exception):  # the call may have ended meanwhile
+                await stream.send_trailing_metadata(
+                    status=Status.UNAVAILABLE, status_message="the agent is stopping; call again"
+                )
 
 
 async def _request(stream: grpclib.server.Stream[Any, Any]) -> Any:
@@ -123,7 +133,7 @@ def _unary(
 ) -> Handler:
     async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
         received = await _request(stream)
-        with calls:
+        with calls.answering(stream):
             answered = await answer(received)
         await stream.send_message(answered)
 
@@ -311,7 +321,11 @@ class HealthServicer:
         self.module = module
         self.source, self.pool, self.resend = source, pool, resend
 
-    async def NodeWatchResources(self, request: object) -> AsyncIterator[_HealthResponse]:
+    async def NodeWatchResources(
+        self, request: object
+    ) -> AsyncIterator[
+        health_v1.NodeWatchResourcesResponse | health_v1alpha1.NodeWatchResourcesResponse
+    ]:
         response = self.module.NodeWatchResourcesResponse
         async for message in _watch_health(self.source, self.pool, response, self.resend):
             yield message
@@ -519,7 +533,7 @@ class PluginServers:
 
     async def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
         """Registration socket first; a socket file that is no longer ours stays. Calls being
-        answered get ``grace`` seconds to finish; then whatever is left is cancelled."""
+        answered get ``grace`` seconds to finish (``_InFlight.drained``)."""
         for bound in reversed(self._bound):
             if _socket_id(bound.path) not in (None, bound.socket_id):
                 self.taken = True

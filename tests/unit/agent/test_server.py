@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 
 from dra_gpu.agent import server
+from dra_gpu.proto.dra.v1 import api_pb2 as v1
+from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from dra_gpu.testing import eventually
 from tests.unit.agent.test_state import state
 
 
@@ -120,3 +126,60 @@ async def test_stopping_leaves_a_socket_that_another_agent_put_in_our_place(
         await first.stop()  # the old pod finally goes, after the new one started
         assert await server.answers(second.registration_socket, second.dra_socket)
         assert first.taken, "found as it stopped"
+
+
+def held(tmp_path: Path) -> tuple[server.PluginServers, asyncio.Event, list[str]]:
+    """Servers whose prepares wait for the returned event (each arrival is listed)."""
+    release, arrived = asyncio.Event(), []
+    held_state = state(tmp_path / "held")
+
+    async def prepare_all(refs: Any) -> Any:
+        arrived.append("prepare")
+        await release.wait()
+        return {}
+
+    held_state.prepare_all = prepare_all  # type: ignore[method-assign]
+    servers_ = server.serve(
+        held_state,
+        driver="gpu.example.com",
+        dra_socket=tmp_path / "dra.sock",
+        registration_socket=tmp_path / "reg.sock",
+        status=server.RegistrationStatus(),
+    )
+    return servers_, release, arrived
+
+
+async def prepare_call(socket: Path) -> v1.NodePrepareResourcesResponse:
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        request = v1.NodePrepareResourcesRequest(
+            claims=[v1.Claim(namespace="ns", name="c", uid="uid-1")]
+        )
+        return await v1_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=10)
+
+
+async def test_a_stop_lets_the_call_being_answered_finish_first(tmp_path: Path) -> None:
+    servers_, release, arrived = held(tmp_path)
+    await servers_.start()
+    call = asyncio.create_task(prepare_call(servers_.dra_socket))
+    await eventually(lambda: arrived, what="the prepare arrived")
+    stopping = asyncio.create_task(servers_.stop(grace=10))
+    await asyncio.sleep(0.2)
+    assert not stopping.done()  # waiting for the call
+    assert not servers_.dra_socket.exists()  # but no longer found by the kubelet
+    release.set()
+    assert (await call).claims == {}
+    await stopping
+
+
+async def test_a_call_that_outlasts_a_stops_grace_is_answered_unavailable_at_once(
+    tmp_path: Path,
+) -> None:
+    servers_, _, arrived = held(tmp_path)
+    await servers_.start()
+    call = asyncio.create_task(prepare_call(servers_.dra_socket))
+    await eventually(lambda: arrived, what="the prepare arrived")
+    await asyncio.wait_for(servers_.stop(grace=0.2), 5)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(call, 2)  # answered now, not at the call's deadline
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "the agent is stopping" in str(refused.value.details())
