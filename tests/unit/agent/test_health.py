@@ -5,6 +5,7 @@ advertises the health service."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_gpu.proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from dra_gpu.testing import eventually
 from tests.unit.agent.test_state import state
 
 PROFILE = simulated.parse_profile("nodes: {node-h: {devices: [{memory: 24Gi}, {memory: 8Gi}]}}")
@@ -128,6 +130,7 @@ async def test_the_kubelets_health_stream_reports_every_device_and_each_change(
             "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
+        before = asyncio.all_tasks()
         async with grpc.aio.insecure_channel(f"unix://{dra_socket}") as channel:
             stub = grpc_module.DRAResourceHealthStub(channel)  # type: ignore[attr-defined]
             stream = stub.NodeWatchResources(module.NodeWatchResourcesRequest())  # type: ignore[attr-defined]
@@ -147,6 +150,12 @@ async def test_the_kubelets_health_stream_reports_every_device_and_each_change(
             )
             assert second.devices[1].health == 1
             stream.cancel()
+        # The call's tasks, grpcio's on the kubelet's side and ours, end a few loop rounds later.
+        await eventually(
+            lambda: not [t for t in asyncio.all_tasks() - before if not t.done()] or None,
+            interval=0.01,
+            what="the stream's tasks ended",
+        )
 
 
 async def test_each_change_tells_the_devices_healthy_condition_for_the_claims_status(
