@@ -7,6 +7,7 @@ import dataclasses
 import socket
 import urllib.error
 import urllib.request
+from contextlib import AbstractAsyncContextManager
 
 import prometheus_client
 
@@ -32,6 +33,16 @@ async def ok() -> tuple[bool, str]:
 
 async def not_yet() -> tuple[bool, str]:
     return False, "slices not published yet"
+
+
+def on_one_port(port: int, *, readyz: httpserver.Check) -> AbstractAsyncContextManager[list[int]]:
+    """Metrics and probes on ``port``, the default registry's metrics."""
+    return httpserver.serving(
+        Where(metrics_port=port, health_port=port),
+        registry=prometheus_client.REGISTRY,
+        healthz=ok,
+        readyz=readyz,
+    )
 
 
 async def fetch(port: int, path: str) -> tuple[int, str]:
@@ -99,12 +110,7 @@ async def test_metrics_and_probes_on_separate_ports_and_a_zero_port_turns_a_part
 
 async def test_unknown_paths_other_methods_and_head_are_answered_as_before() -> None:
     port = free_port()
-    async with httpserver.serving(
-        Where(metrics_port=port, health_port=port),
-        registry=prometheus_client.REGISTRY,
-        healthz=ok,
-        readyz=ok,
-    ):
+    async with on_one_port(port, readyz=ok):
         missing = await exchange(
             port, b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
@@ -125,12 +131,7 @@ async def test_unknown_paths_other_methods_and_head_are_answered_as_before() -> 
 
 async def test_keep_alive_serves_one_request_after_the_other_on_one_connection() -> None:
     port = free_port()
-    async with httpserver.serving(
-        Where(metrics_port=port, health_port=port),
-        registry=prometheus_client.REGISTRY,
-        healthz=ok,
-        readyz=not_yet,
-    ):
+    async with on_one_port(port, readyz=not_yet):
         two = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n"
         answers = await exchange(port, two + b"Connection: close\r\n\r\n")
     assert answers.count(b"HTTP/1.1 ") == 2
@@ -139,12 +140,7 @@ async def test_keep_alive_serves_one_request_after_the_other_on_one_connection()
 
 async def test_what_is_not_http_gets_400_and_a_slow_client_holds_up_nobody() -> None:
     port = free_port()
-    async with httpserver.serving(
-        Where(metrics_port=port, health_port=port),
-        registry=prometheus_client.REGISTRY,
-        healthz=ok,
-        readyz=ok,
-    ):
+    async with on_one_port(port, readyz=ok):
         _, slow = await asyncio.open_connection("127.0.0.1", port)
         slow.write(b"GET /heal")  # and nothing more: it waits, the others do not
         await slow.drain()

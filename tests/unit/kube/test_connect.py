@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,15 @@ def write_kubeconfig(
     return path
 
 
+@contextlib.asynccontextmanager
+async def tls_echo(pki: Pki) -> AsyncIterator[Any]:
+    """A server with the cluster CA's certificate that answers each request with what it got."""
+    async with serving(
+        lambda r, w, i: echo(server, r, w), tls=pki.server_context(pki.server)
+    ) as server:
+        yield server
+
+
 def headers_of(request: bytes) -> dict[str, str]:
     head = request.split(b"\r\n\r\n")[0].decode()
     return {
@@ -74,9 +85,7 @@ async def echo(server: Server, reader: asyncio.StreamReader, writer: asyncio.Str
 async def test_json_requests_with_a_token_over_tls_to_the_cluster_ca(
     pki: Pki, tmp_path: Path
 ) -> None:
-    async with serving(
-        lambda r, w, i: echo(server, r, w), tls=pki.server_context(pki.server)
-    ) as server:
+    async with tls_echo(pki) as server:
         config = write_kubeconfig(
             tmp_path / "kubeconfig",
             server.url("https"),
@@ -156,9 +165,7 @@ async def test_in_cluster_service_account_and_its_rotated_token(
     (account / "token").write_text("first\n")
     monkeypatch.setattr(credentials, "SERVICE_ACCOUNT_DIR", account)
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    async with serving(
-        lambda r, w, i: echo(server, r, w), tls=pki.server_context(pki.server)
-    ) as server:
+    async with tls_echo(pki) as server:
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
         monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
         async with await kube.Kube.connect() as api:
@@ -194,9 +201,7 @@ async def test_a_kubeconfig_user_with_an_exec_plugin_is_loaded_by_kubernetes_asy
         "command": sys.executable,
         "args": ["-c", f"print({json.dumps(json.dumps(credential))})"],
     }
-    async with serving(
-        lambda r, w, i: echo(server, r, w), tls=pki.server_context(pki.server)
-    ) as server:
+    async with tls_echo(pki) as server:
         config = write_kubeconfig(
             tmp_path / "kubeconfig",
             server.url("https"),
@@ -266,9 +271,7 @@ async def unreachable(server_url: str, tmp_path: Path, **cluster: Any) -> str:
 
 
 async def test_an_untrusted_certificate(pki: Pki, tmp_path: Path) -> None:
-    async with serving(
-        lambda r, w, i: echo(server, r, w), tls=pki.server_context(pki.server)
-    ) as server:
+    async with tls_echo(pki) as server:
         reason = await unreachable(server.url("https"), tmp_path)
     assert reason.startswith("its TLS certificate is not trusted ([SSL: CERTIFICATE_VERIFY_FAILED]")
     assert reason.endswith("): check the cluster's certificate-authority in the kubeconfig")
