@@ -413,9 +413,9 @@ async def _bind(path: Path, handlers: Handlers) -> _Bound:
     """A started gRPC server on a unix socket at ``path``; a stale socket file is replaced.
 
     The socket is bound under a hidden temporary name and renamed into place: the path never
-    goes missing while it is replaced, and gRPC, which unlinks the address it bound when the
-    server stops, unlinks a name that is long gone instead of whatever is at ``path`` then
-    (another agent's socket, by that time)."""
+    goes missing while it is replaced, and a server that unlinks the address it bound when it
+    stops (asyncio's, from Python 3.13) unlinks a name that is long gone instead of whatever is
+    at ``path`` then (another agent's socket, by that time)."""
     if await _answers_at(path):
         log.warning(
             "replacing %s, which a running process serves (another agent of this driver on "
@@ -425,7 +425,7 @@ async def _bind(path: Path, handlers: Handlers) -> _Bound:
     # Short (socket paths are limited), hidden (the kubelet's plugin watcher skips dot files).
     bind_at = path.with_name(f".{secrets.token_hex(2)}")
     if len(os.fsencode(bind_at)) > MAX_SOCKET_PATH:
-        bind_at = path  # no room for a temporary name: bind in place, as gRPC would
+        bind_at = path  # no room for a temporary name: bind in place
     _clear(bind_at)
     server = grpclib.server.Server([_Servable(handlers)])
     # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
