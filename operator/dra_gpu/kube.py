@@ -33,7 +33,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypedDict, Unpack
 from urllib.parse import urlencode
@@ -352,16 +352,31 @@ class Kube:
         *,
         retry_delay: float = 1.0,
         on_break: Callable[[], None] | None = None,
+        page_size: int | None = None,
         **query: Any,
     ) -> AsyncGenerator[tuple[str, Body], None]:
         """List, then watch, forever. Yields ``("SYNC", list_body)`` after every (re)list,
         then ``(event_type, object)`` for ADDED/MODIFIED/DELETED. Survives API restarts.
         ``on_break`` is called each time the watch breaks, before the relist: until the next
-        ``SYNC``, events may have been missed."""
+        ``SYNC``, events may have been missed.
+
+        With ``page_size``, each (re)list comes in pages of that many objects (``limit`` and
+        ``continue``), so that one page at a time is in memory, however many objects there
+        are: ``("PAGE", page)`` for each, then ``("SYNC", ...)`` with no items. A list that
+        fails half way (an expired ``continue``, the API server gone) starts again after
+        ``on_break``."""
         while True:
+            listing: Body = {}
             try:
-                listing = await self.get(path, **query)
+                async for page in self._pages(path, page_size, **query):
+                    if page_size is None:
+                        listing = page
+                    else:
+                        listing = {"metadata": page.get("metadata", {}), "items": []}
+                        yield "PAGE", page
             except (ApiError, OSError) as exc:
+                if page_size is not None and on_break is not None:
+                    on_break()
                 log.warning("list %s failed, retrying: %s", path, exc)
                 await asyncio.sleep(retry_delay)
                 continue
@@ -392,6 +407,20 @@ class Kube:
                     log.warning("watch %s interrupted, relisting: %s", path, exc)
                     await asyncio.sleep(retry_delay)
                     break
+
+    async def _pages(self, path: str, page_size: int | None, **query: Any) -> AsyncIterator[Body]:
+        """A list, whole (``page_size`` None) or page by page; the last page's metadata has
+        the list's resourceVersion."""
+        more = ""
+        while True:
+            paging: dict[str, Any] = {} if page_size is None else {"limit": page_size}
+            if more:
+                paging["continue"] = more
+            page = await self.get(path, **query, **paging)
+            yield page
+            more = str(page.get("metadata", {}).get("continue") or "")
+            if page_size is None or not more:
+                return
 
 
 def _query_value(value: Any) -> str:

@@ -28,7 +28,8 @@ off. A miss, for whatever reason, is a GET, as without the cache (``metrics.CLAI
 both).
 
 Costs: one watch per node over every claim of the cluster (the API server's watch cache serves
-them); each event is decoded and dropped unless it is ours; memory in proportion to this
+them); each event is decoded and dropped unless it is ours; a (re)list comes in pages of
+``LIST_PAGE`` claims, so that one page is decoded at a time; memory in proportion to this
 node's claims only.
 
 Owns: nothing on disk; the copies are read by ``state.DeviceState`` only.
@@ -48,6 +49,9 @@ from dra_gpu.agent.claims import ClaimRef
 log = logging.getLogger(__name__)
 
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+LIST_PAGE = 500
+"""Claims per page of a (re)list: every node lists every claim of the cluster, so one page at a
+time is decoded and kept only where it is ours (kubectl pages by 500 too)."""
 
 
 Result = tuple[tuple[str, Any], ...]
@@ -117,6 +121,10 @@ class ClaimCache:
         """UIDs unprepared here whose copies are not used until the claim is seen released."""
         self.live = False
         """Listed, and the watch not broken since."""
+        self._next: dict[tuple[str, str], Copy] | None = None
+        """The copies of a (re)list under way."""
+        self._still_distrusted: set[str] = set()
+        """UIDs distrusted whose claims the list under way shows still reserved."""
 
     def __len__(self) -> int:
         return len(self._copies)
@@ -135,19 +143,41 @@ class ClaimCache:
     def unprepared(self, uid: str) -> None:
         """The kubelet unprepared this claim: distrust its copies until it is released."""
         self._distrusted.add(uid)
+        if self._next is not None:  # a list under way may have passed the claim already
+            self._still_distrusted.add(uid)
 
-    def listed(self, items: list[kube.Body]) -> None:
-        """A (re)list: the copies are what it says, and the cache is live."""
-        self._copies = {}
+    def page(self, items: list[kube.Body]) -> None:
+        """One page of a (re)list: its claims become copies once the list is complete."""
+        if self._next is None:
+            self._next, self._still_distrusted = {}, set()
         for claim in items:
-            self.apply("ADDED", claim)
-        seen = {c.get("metadata", {}).get("uid") for c in items}
-        self._distrusted &= seen  # a claim gone meanwhile was released
+            meta = claim.get("metadata") or {}
+            copy = ours(claim, self.driver, self.pool)
+            if copy is not None:
+                self._next[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = copy
+            uid = str(meta.get("uid", ""))
+            if copy is not None and copy.reserved and uid in self._distrusted:
+                self._still_distrusted.add(uid)  # not released yet
+            else:
+                self._still_distrusted.discard(uid)
+
+    def synced(self) -> None:
+        """The (re)list is complete: the copies are what it said, and the cache is live. A
+        claim unprepared here that the list no longer has was released meanwhile."""
+        self._copies, self._next = self._next or {}, None
+        self._distrusted, self._still_distrusted = self._still_distrusted, set()
         self.live = True
 
+    def listed(self, items: list[kube.Body]) -> None:
+        """A (re)list in one page."""
+        self.page(items)
+        self.synced()
+
     def broken(self) -> None:
-        """The watch broke: nothing is used until the next list."""
+        """The watch broke (or a list failed half way): nothing is used until the next
+        complete list."""
         self.live = False
+        self._next = None
 
     def apply(self, kind: str, claim: kube.Body) -> None:
         """One watch event (ADDED, MODIFIED, DELETED)."""
@@ -164,9 +194,11 @@ class ClaimCache:
     async def run_forever(self, api: kube.Kube) -> NoReturn:
         """List and watch every claim, forever (``kube.Kube.watch_forever`` relists after
         errors; ``broken`` is called when the watch breaks)."""
-        async for kind, obj in api.watch_forever(CLAIMS, on_break=self.broken):
-            if kind == "SYNC":
-                self.listed(obj.get("items", []))
+        async for kind, obj in api.watch_forever(CLAIMS, on_break=self.broken, page_size=LIST_PAGE):
+            if kind == "PAGE":
+                self.page(obj.get("items", []))
+            elif kind == "SYNC":
+                self.synced()
                 log.info("claim cache: %d claim(s) of node %s", len(self), self.pool)
             else:
                 self.apply(kind, obj)

@@ -161,3 +161,26 @@ def test_a_relist_keeps_an_unprepared_claim_distrusted_while_it_is_still_reserve
     cache.listed([])  # gone meanwhile
     cache.apply("ADDED", claim(rv="5"))
     assert cache.lookup(REF) is not None
+
+
+def test_a_relist_in_pages_is_used_once_complete_and_keeps_what_was_unprepared_meanwhile() -> None:
+    other = ClaimRef("ns", "d", ClaimUID("u2"))
+    cache = live(claim())
+    cache.broken()  # the watch broke: a relist follows, in pages
+    cache.page([claim(rv="2")])
+    cache.unprepared(REF.uid)  # the kubelet unprepares it between two pages
+    cache.page([claim(uid="u2", name="d", rv="3", device="gpu-1")])
+    assert cache.lookup(other) is None  # not before the list is complete
+    cache.synced()
+    assert devices(cache.lookup(other)) == ["gpu-1"]
+    assert cache.lookup(REF) is None  # still reserved, unprepared here: distrusted
+
+
+def test_a_relist_that_fails_half_way_is_started_again_from_nothing() -> None:
+    cache = ClaimCache(DRIVER, NODE)
+    cache.page([claim(rv="2")])
+    cache.broken()  # the second page failed: watch_forever lists again from the start
+    cache.page([claim(uid="u2", name="d", rv="3")])
+    cache.synced()
+    assert cache.lookup(REF) is None  # only in the abandoned list
+    assert len(cache) == 1

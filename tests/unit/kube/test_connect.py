@@ -254,6 +254,48 @@ async def test_watch_forever_relists_after_410_and_says_the_watch_broke() -> Non
     assert "allowWatchBookmarks=true" in watch
 
 
+async def test_watch_forever_lists_in_pages_and_watches_from_the_last_pages_version() -> None:
+    pages = {
+        "": {"metadata": {"continue": "p2", "resourceVersion": "5"}, "items": [{"n": 1}]},
+        "p2": {"metadata": {"continue": "p3", "resourceVersion": "5"}, "items": [{"n": 2}]},
+        "p3": {"metadata": {"resourceVersion": "5"}, "items": [{"n": 3}]},
+    }
+    added = {"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "6"}}}
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            target = (await read_request(reader, server)).split(b"\r\n")[0].decode()
+            if "watch=true" not in target:
+                token = target.partition("continue=")[2].partition(" ")[0].partition("&")[0]
+                writer.write(answer(json.dumps(pages[token]).encode()))
+                continue
+            writer.write(chunked_head())
+            writer.write(chunk(json.dumps(added).encode() + b"\n"))
+
+    async with (
+        serving(handler) as server,
+        kube.Kube(httpclient.Client(server.url())) as api,
+    ):
+        seen: list[tuple[str, Any]] = []
+        stream = api.watch_forever("/api/v1/pods", page_size=1)
+        async for kind, obj in stream:
+            seen.append((kind, [i["n"] for i in obj["items"]] if "items" in obj else obj))
+            if kind == "ADDED":
+                break
+        await stream.aclose()
+    assert seen == [
+        ("PAGE", [1]),
+        ("PAGE", [2]),
+        ("PAGE", [3]),
+        ("SYNC", []),
+        ("ADDED", added["object"]),
+    ]
+    lists = [r.split(b"\r\n")[0].decode() for r in server.requests[:3]]
+    assert all("limit=1" in target for target in lists)
+    assert ["continue=p2" in lists[1], "continue=p3" in lists[2]] == [True, True]
+    assert "resourceVersion=5" in server.requests[3].split(b"\r\n")[0].decode()
+
+
 # ---- no answer, in words ---------------------------------------------------------------------
 
 
