@@ -151,11 +151,10 @@ class ClaimCache:
         if self._next is None:
             self._next, self._still_distrusted = {}, set()
         for claim in items:
-            meta = claim.get("metadata") or {}
             copy = ours(claim, self.driver, self.pool)
             if copy is not None:
-                self._next[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = copy
-            uid = str(meta.get("uid", ""))
+                self._next[(copy.namespace, copy.name)] = copy
+            uid = str((claim.get("metadata") or {}).get("uid", ""))
             if copy is not None and copy.reserved and uid in self._distrusted:
                 self._still_distrusted.add(uid)  # not released yet
             else:
