@@ -99,7 +99,7 @@ bench: venv kubebins nodebins images $(PYDRA_VENV)/.installed
 
 # The reliability tests at the issue's full size (CI runs them smaller as part of `make test`).
 reliability: venv kubebins nodebins images
-	DRA_GPU_LOAD=full $(BIN)/pytest -s tests/e2e/test_crash.py tests/e2e/test_load.py \
+	DRA_GPU_LOAD=full $(BIN)/pytest -s --timeout=3600 tests/e2e/test_crash.py tests/e2e/test_load.py \
 	  tests/e2e/test_apiserver_restart.py tests/e2e/test_agent.py tests/e2e/test_chart.py \
 	  tests/unit/fuzz/test_inputs.py
 
