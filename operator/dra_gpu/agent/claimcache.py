@@ -167,11 +167,6 @@ class ClaimCache:
         self._distrusted, self._still_distrusted = self._still_distrusted, set()
         self.live = True
 
-    def listed(self, items: list[kube.Body]) -> None:
-        """A (re)list in one page."""
-        self.page(items)
-        self.synced()
-
     def broken(self) -> None:
         """The watch broke (or a list failed half way): nothing is used until the next
         complete list."""

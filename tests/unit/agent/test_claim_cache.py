@@ -42,9 +42,15 @@ def claim(
     }
 
 
+def listed(cache: ClaimCache, items: list[dict[str, Any]]) -> None:
+    """A (re)list in one page."""
+    cache.page(items)
+    cache.synced()
+
+
 def live(*items: dict[str, Any]) -> ClaimCache:
     cache = ClaimCache(DRIVER, NODE)
-    cache.listed(list(items))
+    listed(cache, list(items))
     return cache
 
 
@@ -95,11 +101,11 @@ def test_nothing_is_used_before_the_list_or_after_the_watch_broke_until_the_next
     cache = ClaimCache(DRIVER, NODE)
     cache.apply("ADDED", claim())
     assert cache.lookup(REF) is None  # not listed yet
-    cache.listed([claim()])
+    listed(cache, [claim()])
     assert cache.lookup(REF) is not None
     cache.broken()
     assert cache.lookup(REF) is None
-    cache.listed([claim()])
+    listed(cache, [claim()])
     assert cache.lookup(REF) is not None
 
 
@@ -121,7 +127,7 @@ def test_watch_events_add_change_and_remove_copies() -> None:
 
 def test_a_relist_replaces_every_copy() -> None:
     cache = live(claim())
-    cache.listed([])
+    listed(cache, [])
     assert cache.lookup(REF) is None
     assert len(cache) == 0
 
@@ -152,13 +158,13 @@ def test_an_unprepared_claim_that_goes_away_is_forgotten() -> None:
 def test_a_relist_keeps_an_unprepared_claim_distrusted_while_it_is_still_reserved() -> None:
     cache = live(claim())
     cache.unprepared(REF.uid)
-    cache.listed([claim(rv="2")])  # a pod on this node reserved it again, same allocation
+    listed(cache, [claim(rv="2")])  # a pod on this node reserved it again, same allocation
     assert cache.lookup(REF) is None
-    cache.listed([claim(rv="3", reserved=False)])
+    listed(cache, [claim(rv="3", reserved=False)])
     cache.apply("MODIFIED", claim(rv="4"))
     assert cache.lookup(REF) is not None
     cache.unprepared(REF.uid)
-    cache.listed([])  # gone meanwhile
+    listed(cache, [])  # gone meanwhile
     cache.apply("ADDED", claim(rv="5"))
     assert cache.lookup(REF) is not None
 
