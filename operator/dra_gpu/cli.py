@@ -113,6 +113,8 @@ def _settings(settings_type: type[T], args: argparse.Namespace) -> T:
 def _command(args: argparse.Namespace) -> int:
     if args.command == "agent":
         settings = _settings(config.AgentSettings, args)
+        for note in settings.xid_policy.notes():
+            log.warning("%s", note)
         from dra_gpu.agent.runner import run_agent
 
         kubeconfig = _from_settings(args, settings.kubeconfig)

@@ -23,10 +23,6 @@ MAX_SOCKET_PATH = 107
 """sun_path holds 108 bytes including the terminating NUL."""
 
 
-def _xids(xids: frozenset[int]) -> str:
-    return ",".join(str(x) for x in sorted(xids))
-
-
 @dataclasses.dataclass(frozen=True)
 class AgentSettings:
     """The node agent: one per node, the kubelet's DRA plugin for ``driver_name``."""
@@ -66,16 +62,51 @@ class AgentSettings:
     health_quiet_seconds: float = 300.0
     """A device's taint is cleared once its fault has not shown for this long (seconds); a
     device that keeps faulting stays tainted."""
-    fatal_xids: str = _xids(health.DEFAULT_FATAL_XIDS)
-    """Comma-separated XIDs that taint a GPU NoExecute (running pods are evicted)."""
-    ignored_xids: str = _xids(health.DEFAULT_IGNORED_XIDS)
-    """Comma-separated XIDs that say nothing about the GPU (application errors): no taint.
-    Every other XID taints it NoSchedule."""
+    fatal_xids: str = ""
+    """Comma-separated XIDs whose taint is NoExecute (every pod using the GPU is evicted), and
+    ``reset`` for every reset-needing fault (the catalog's reset/reboot XIDs, double-bit ECC, a
+    lost GPU). Empty (the default): every taint is NoSchedule, as NVIDIA's DRA driver does."""
+    ignored_xids: str = ""
+    """Comma-separated XIDs that taint nothing, on top of those NVIDIA's XID catalog contains to
+    the application (``devices.health.XID_CATALOG``)."""
     shared_gpus: str = ""
     """The nvml backend's GPUs that several claims may hold at once, each with a memory share,
     as YAML or JSON: a list of ``{gpus: all | [<index> | "GPU-<uuid>", ...], mode: TimeSlicing |
     MPS, memory: {default, min, max, step}}`` (README "Node configuration"). Empty: every GPU
     exclusive. A GPU in MIG mode stays MIG-partitioned."""
+    mig_own_layout: bool = False
+    """The agent owns the MIG layout of the node's MIG-mode GPUs: at start it destroys every
+    MIG instance its checkpoint does not record. False (the default): instances it did not make
+    (the GPU Operator's mig-manager's) are left alone and their placements not offered."""
+
+    mps_control: str = ""
+    """The MPS control daemon run for each GPU shared with MPS (``-d`` to start it, commands on
+    its stdin). Empty: the backend's own: ``nvidia-cuda-mps-control`` (nvml, found on PATH), the
+    stand-in ``python -m dra_gpu.agent.mps_standin`` (simulated)."""
+    mps_shm_dir: Path = Path("/dev/shm")
+    """The host directory that MPS clients get as ``/dev/shm``: the daemon's own (the agent's
+    ``/dev/shm``, the host's in the chart)."""
+    nvidia_smi: str = "nvidia-smi"
+    """nvidia-smi, which sets a TimeSlicing GPU's time-slice (``compute-policy``)."""
+    driver_root: Path = Path("/")
+    """Where the nvml backend reads the driver's device nodes (``/dev/nvidia*``) and
+    ``/proc/driver/nvidia`` files for the claims' CDI specs."""
+
+    @property
+    def mps_control_argv(self) -> list[str]:
+        """``mps_control`` as an argv (split on spaces), or the backend's default."""
+        if self.mps_control.strip():
+            return self.mps_control.split()
+        if self.backend == "nvml":
+            return ["nvidia-cuda-mps-control"]
+        import sys
+
+        return [sys.executable, "-m", "dra_gpu.agent.mps_standin"]
+
+    @property
+    def sharing_dir(self) -> Path:
+        """Per shared GPU: the MPS daemon's pipe and log directories and what was set."""
+        return self.checkpoint_dir / "sharing"
 
     @property
     def shared_gpu_policy(self) -> sharing.SharedGpus:
@@ -238,9 +269,20 @@ def _convert(field: dataclasses.Field[Any], raw: str, source: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
+        if kind == "bool":
+            return _bool(raw)
     except ValueError:
         raise ValueError(f"{source}: {raw!r} is not a valid {kind}") from None
     return raw
+
+
+def _bool(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ValueError(raw)
 
 
 def _field_docs(settings_type: type[Any]) -> dict[str, str]:

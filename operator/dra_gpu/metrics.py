@@ -98,22 +98,45 @@ SLICE_POOL_OTHER_WRITER = Gauge(
     ["instance", "other"],
     registry=AGENT,
 )
+MIG_MANAGEMENT = Gauge(
+    "dra_gpu_mig_management",
+    "1 for each MIG-mode GPU's state at the agent's start (managed: the agent creates and "
+    "destroys its instances; refused: NVML refused it MIG management, no privileges, so its "
+    "partitions are not published), 0 for the other.",
+    ["node", "gpu", "state"],
+    registry=AGENT,
+)
+MIG_FOREIGN_INSTANCES = Gauge(
+    "dra_gpu_mig_foreign_instances",
+    "MIG instances on a GPU that the agent did not make and leaves alone (found at its start); "
+    "the placements they block are not published.",
+    ["node", "gpu"],
+    registry=AGENT,
+)
 DEVICE_HEALTH = Gauge(
     "dra_gpu_device_health",
-    "1 for each device's current health state (healthy, degraded: tainted NoSchedule, "
-    "fatal: tainted NoExecute), 0 for the others.",
+    "1 for each device's current health state (healthy; degraded: tainted until quiet; "
+    "fatal: tainted until the GPU is reset), 0 for the others.",
     ["node", "device", "state"],
+    registry=AGENT,
+)
+DEVICE_MONITORED = Gauge(
+    "dra_gpu_device_health_monitored",
+    "1 for each device whose faults the agent sees (NVML events registered), 0 for one whose "
+    "registration NVML refused: its XIDs and ECC errors go unseen (a lost GPU is still noticed).",
+    ["node", "device"],
     registry=AGENT,
 )
 DEVICE_FAULTS = Counter(
     "dra_gpu_device_faults_total",
-    "Device faults that tainted a device (a new or escalated taint), by cause (xid, ecc, lost).",
+    "Device faults that tainted a device (a new or escalated taint), by cause (xid, ecc, lost, "
+    "recovery).",
     ["node", "cause"],
     registry=AGENT,
 )
 DEVICE_TAINT_CHANGES = Counter(
     "dra_gpu_device_taint_changes_total",
-    "Device taints published (added) or cleared after the quiet period (cleared).",
+    "Device taints published (added) or cleared (after the quiet period, a reset, an operator).",
     ["node", "change"],
     registry=AGENT,
 )

@@ -180,6 +180,7 @@ def test_agent_host_paths_are_mounted_at_the_same_paths() -> None:
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.example.com",
         "cdi": "/var/run/cdi",
         "checkpoint": "/var/lib/dra-gpu/gpu.example.com",
+        "shm": "/dev/shm",  # the MPS daemons' /dev/shm, which the shares' containers get
     }
     assert all(mounts[name] == path for name, path in host.items())
     settings = settings_from_env(config.AgentSettings, env_of(agent, DOWNWARD))

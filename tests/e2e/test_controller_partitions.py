@@ -1,15 +1,17 @@
 """The controller reads partitions and shares as the real scheduler allocates them.
 
-An agent publishes node-01's GPU as MIG partitions of a simulated A100 40GB (or as one 40Gi GPU
-shared by memory shares); claims get partitions (shares) from the real scheduler; then a claim
-that cannot fit waits. The session's controller must explain it by what the others hold — the
-counters of the GPU that the partitions used up, the memory the shares left — on the claim
-itself, and its metrics per counter set and shared device must match what the scheduler
-allocated, counted here from the allocations and NVIDIA's placement table.
+An agent publishes node-01's GPU as MIG partitions of a simulated A100 40GB (a MIG-mode GPU: its
+partitions only, not the whole GPU) or as one 40Gi GPU shared by memory shares; claims get
+partitions (shares) from the real scheduler; then a claim that cannot fit (the full-size
+partition, a share too large) waits. The session's controller must explain it by what the
+others hold — the counters of the GPU that the partitions used up, the memory the shares
+left — on the claim itself, and its metrics per counter set and shared device must match what
+the scheduler allocated, counted here from the allocations and NVIDIA's placement table.
 
 Partitionable devices and consumable capacity are on by default from Kubernetes 1.36; on 1.35
-the API server drops the counters and the sharing fields, the agent publishes the GPU whole
-and exclusive, and these tests check that no counter or share series appears.
+the API server drops the counters and the sharing fields, the agent publishes of the MIG-mode
+GPU only its full-size partition and the shared GPU exclusive, and these tests check that no
+counter or share series appears.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ nodes:
 """
 PLACEMENTS = {mig.partition_name_of("gpu-0", p): p for p in mig.placements(mig.A100_40GB)}
 SET = "gpu-0-counters"
+FULL_SIZE = "7g.40gb"
+FULL = "gpu-0-mig-7g-40gb-0"
 
 
 @pytest_asyncio.fixture
@@ -103,7 +107,8 @@ NAMES = (
 
 
 async def published_plain(controller: ControllerProcess, absent: str) -> None:
-    """1.35: the one GPU is published (whole, exclusive) and no ``absent`` series exists."""
+    """1.35: one device is published (the full-size partition, or the GPU exclusive) and no
+    ``absent`` series exists."""
     await eventually(
         lambda: series(controller, *NAMES).get(("dra_gpu_devices", "published")) == 1,
         what="gpu-0 published",
@@ -111,7 +116,7 @@ async def published_plain(controller: ControllerProcess, absent: str) -> None:
     assert not any(k[0] == absent for k in series(controller, *NAMES))
 
 
-async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_scheduler(
+async def test_partitions_held_explain_the_full_size_one_and_the_counters_match_the_scheduler(
     api: kube.Kube,
     namespace: str,
     test_class: str,
@@ -121,7 +126,7 @@ async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_
     ns = namespace
     async with agent_with(MIG_PROFILE):
         if await server_minor(api) < 36:
-            # 1.35: the GPU is published whole (no counters), so nothing is counted per set.
+            # 1.35: the full-size partition alone (no counters): nothing counted per set.
             await published_plain(controller, "dra_gpu_counters")
             return
         wanted = {"a": "3g.20gb", "b": "2g.10gb", "c": "1g.5gb"}
@@ -136,16 +141,18 @@ async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_
         compute_used = sum(p.profile.compute_slices for p in held)
         assert len(slices_used) == sum(p.profile.memory_slices for p in held)  # the scheduler's
 
-        # The whole GPU waits: the controller names the counters the partitions hold.
-        await claim_and_pod(api, ns, "whole", test_class, selector=attribute_is("type", "gpu"))
+        # The full-size partition waits: the controller names the counters the others hold.
+        await claim_and_pod(
+            api, ns, "full", test_class, selector=attribute_is("profile", FULL_SIZE)
+        )
         event = await eventually(
-            lambda: explained(api, ns, "whole", "node-01/gpu-0 needs"),
+            lambda: explained(api, ns, "full", f"node-01/{FULL} needs"),
             timeout=90,
-            what="the whole GPU's claim explained by the counters held",
+            what="the full-size partition's claim explained by the counters held",
         )
         assert event["reason"] == "DevicesAllocated"
         assert event["message"].endswith(
-            f"node-01/gpu-0 needs compute-slices 7 of {SET}, {7 - compute_used} free; "
+            f"node-01/{FULL} needs compute-slices 7 of {SET}, {7 - compute_used} free; "
             f"memory-slice 8, {8 - len(slices_used)} free (held by {ns}/a, {ns}/b, {ns}/c)"
         ), event["message"]
 
@@ -163,14 +170,14 @@ async def test_partitions_held_explain_the_whole_gpu_and_the_counters_match_the_
             ("dra_gpu_counters", "compute-slices", SET, "free"): 7 - compute_used,
             ("dra_gpu_counters", "media-extensions", SET, "used"): 0,
             ("dra_gpu_partitions_allocated", SET): 3,
-            ("dra_gpu_devices", "published"): 26,
+            ("dra_gpu_devices", "published"): 25,  # the placements; the GPU is not one
             ("dra_gpu_devices", "allocated"): 3,
             ("dra_gpu_devices", "free"): sum(
                 free(p)
                 for n, p in PLACEMENTS.items()
                 if n not in {r["device"] for r in results.values()}
             ),
-            ("dra_gpu_memory_bytes", "published"): 40 * GI,  # the GPU once, not per placement
+            ("dra_gpu_memory_bytes", "published"): 40 * GI,  # the GPU once (its 7g partition)
             ("dra_gpu_memory_bytes", "allocated"): sum(p.profile.memory_gib for p in held) * GI,
         }
 

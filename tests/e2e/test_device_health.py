@@ -3,7 +3,11 @@ running pod's status shows its device unhealthy (the kubelet's health stream), E
 metrics say it; once the device is quiet the taint goes and the device serves again.
 
 The agent runs for the session's node-01 (the tutorial's gpu-0 24Gi and gpu-1 8Gi) with the
-simulated backend's faults file (``DRA_GPU_FAULTS_FILE``) and a short quiet period. Device
+simulated backend's faults file (``DRA_GPU_FAULTS_FILE``), a short quiet period, and NoExecute
+for reset-needing faults (``DRA_GPU_FATAL_XIDS=reset``; the default is NoSchedule only). A lost
+GPU stays tainted while the other GPU serves; a reset-needing XID outlives the quiet period
+until the GPU is reset or an operator clears it; a fault of a MIG-mode GPU taints every
+partition of it. Device
 taints and the kubelet's ResourceHealthStatus are on by default from Kubernetes 1.36; on 1.35
 the API server drops taints, and the same tests check the agent's fallback there instead: the
 faulty device leaves the pool and comes back once quiet.
@@ -11,13 +15,16 @@ faulty device leaves the pool and comes back once quiet.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.controller.reporter import COMPONENT
+from dra_gpu.devices import mig
 from dra_gpu.testing import AgentProcess, ControllerProcess, eventually
 from tests.e2e.helpers import (
     TUTORIAL_PROFILE,
@@ -46,14 +53,27 @@ async def health_class(api: kube.Kube) -> AsyncIterator[str]:
 
 
 @pytest_asyncio.fixture
-async def agent(agent_with: AgentStarter, tmp_path: Path) -> AsyncIterator[AgentProcess]:
+async def agent(
+    agent_with: AgentStarter, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[AgentProcess]:
     env = {
         "DRA_GPU_FAULTS_FILE": str(tmp_path / "faults.yaml"),
         "DRA_GPU_HEALTH_QUIET_SECONDS": str(QUIET_SECONDS),
         "DRA_GPU_HEALTH_POLL_SECONDS": "0.5",
+        "DRA_GPU_FATAL_XIDS": "reset",
     }
-    async with agent_with(TUTORIAL_PROFILE, env=env, pods_gone_within=60) as started:
+    profile = MIG_PROFILE if "mig" in request.node.name else TUTORIAL_PROFILE
+    async with agent_with(profile, env=env, pods_gone_within=60) as started:
         yield started
+
+
+MIG_PROFILE = """\
+nodes:
+  node-01:
+    devices:
+    - {memory: 40Gi, migCapable: true, mig: A100-40GB, productName: NVIDIA A100-SXM4-40GB}
+    - {memory: 8Gi}
+"""
 
 
 async def allocated_device(api: kube.Kube, ns: str, claim: str) -> str | None:
@@ -83,15 +103,20 @@ async def delete_pod_and_claim(api: kube.Kube, ns: str, name: str) -> None:
     await api.delete(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
 
 
-async def gpu0_taints(api: kube.Kube) -> list[kube.Body]:
+async def published_taints(api: kube.Kube) -> dict[str, list[kube.Body]]:
+    """Every published device of node-01 -> its taints."""
     listing = await api.get(
         f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER},spec.nodeName=node-01"
     )
-    for body in listing["items"]:
-        for device in body["spec"].get("devices") or []:
-            if device["name"] == "gpu-0":
-                return list(device.get("taints") or [])
-    return []
+    return {
+        device["name"]: list(device.get("taints") or [])
+        for body in listing["items"]
+        for device in body["spec"].get("devices") or []
+    }
+
+
+async def gpu0_taints(api: kube.Kube) -> list[kube.Body]:
+    return (await published_taints(api)).get("gpu-0", [])
 
 
 async def node_event(api: kube.Kube, reason: str, text: str) -> kube.Body | None:
@@ -294,3 +319,105 @@ async def left_out_until_quiet(
     assert "dropped the device taints" in agent.log_file.read_text()
     (tmp_path / "faults.yaml").unlink()
     await eventually(lambda: gpu0_published(api), what="gpu-0 published again")
+
+
+async def test_a_lost_gpu_stays_tainted_while_the_other_gpu_still_prepares(
+    api: kube.Kube, namespace: str, agent: AgentProcess, health_class: str, tmp_path: Path
+) -> None:
+    if not await taints_served(api):
+        return  # the 1.35 fallback (left out of the pool) is the first tests' subject
+    (tmp_path / "faults.yaml").write_text("gpu-0: {lost: true}\n")
+    [taint] = await eventually(lambda: gpu0_taints(api), what="gpu-0 tainted lost")
+    assert (taint["key"], taint["effect"]) == ("gpu.example.com/lost", "NoExecute")
+    # The node's other GPU is published untainted and prepares a claim for any GPU.
+    assert (await published_taints(api))["gpu-1"] == []
+    await claim_and_pod(api, namespace, "other", health_class, selector="true")
+    await eventually(lambda: running(api, namespace, "other"), what="pod other Running")
+    assert await allocated_device(api, namespace, "other") == "gpu-1"
+    assert await gpu0_taints(api)  # lost for as long as the file says so
+    (tmp_path / "faults.yaml").unlink()  # it answers again: a reset
+
+    async def untainted() -> bool:
+        return not await gpu0_taints(api)
+
+    await eventually(untainted, what="gpu-0's lost taint cleared once it answers")
+    assert await eventually(
+        lambda: node_event(api, "DeviceRecovered", "faults file is gone (simulated reset)"),
+        what="the reset named in the Normal Event",
+    )
+
+
+async def test_a_reset_needing_xid_keeps_its_taint_past_the_quiet_period_until_cleared(
+    api: kube.Kube, agent: AgentProcess, tmp_path: Path
+) -> None:
+    if not await taints_served(api):
+        return
+    # XID 95 needs a GPU reset (NVIDIA's catalog); XID 74 on gpu-1 clears once quiet.
+    (tmp_path / "faults.yaml").write_text("gpu-0: {xid: 95}\ngpu-1: {xid: 74}\n")
+
+    async def both() -> dict[str, list[kube.Body]] | None:
+        found = await published_taints(api)
+        return found if found.get("gpu-0") and found.get("gpu-1") else None
+
+    taints = await eventually(both, what="gpu-0 and gpu-1 tainted")
+    assert [(t["value"], t["effect"]) for t in taints["gpu-0"]] == [("95", "NoExecute")]
+    assert [(t["value"], t["effect"]) for t in taints["gpu-1"]] == [("74", "NoSchedule")]
+    (tmp_path / "faults.yaml").unlink()
+
+    async def gpu1_quiet() -> dict[str, list[kube.Body]] | None:
+        found = await published_taints(api)
+        return found if not found.get("gpu-1") else None
+
+    # gpu-1's taint went after the quiet period; gpu-0's, from the same moment, stays.
+    after = await eventually(gpu1_quiet, what="gpu-1's taint cleared after the quiet period")
+    assert [t["value"] for t in after["gpu-0"]] == ["95"]
+    event = await node_event(api, "DeviceUnhealthy", "node-01/gpu-0: XID 95")
+    assert event is not None
+    assert "until the GPU is reset" in event["message"]
+    # The operator resets the GPU and says so on the Node.
+    reset_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    key = "gpu.example.com/gpu-reset.gpu-0"
+    await api.patch("/api/v1/nodes/node-01", {"metadata": {"annotations": {key: reset_at}}})
+    try:
+
+        async def untainted() -> bool:
+            return not await gpu0_taints(api)
+
+        await eventually(untainted, what="gpu-0's taint cleared by the Node annotation")
+        assert await eventually(
+            lambda: node_event(api, "DeviceRecovered", "an operator cleared it"),
+            what="the operator's clear named in the Normal Event",
+        )
+    finally:
+        await api.patch("/api/v1/nodes/node-01", {"metadata": {"annotations": {key: None}}})
+
+
+async def test_a_fault_of_a_mig_mode_gpu_taints_every_partition_of_it(
+    api: kube.Kube, agent: AgentProcess, tmp_path: Path
+) -> None:
+    if not await taints_served(api):
+        return
+    partitions = {mig.partition_name_of("gpu-0", p) for p in mig.placements(mig.A100_40GB)}
+    (tmp_path / "faults.yaml").write_text("gpu-0: {xid: 48}\n")
+
+    async def all_tainted() -> dict[str, list[kube.Body]] | None:
+        found = await published_taints(api)
+        return found if all(found.get(name) for name in partitions) else None
+
+    taints = await eventually(all_tainted, what="every partition of gpu-0 tainted")
+    # (The whole GPU of a MIG-mode GPU may not be offered at all, as NVIDIA's driver does.)
+    for name in partitions | ({"gpu-0"} & taints.keys()):
+        assert [(t["key"], t["value"]) for t in taints[name]] == [("gpu.example.com/xid", "48")]
+    assert taints["gpu-1"] == []
+    (tmp_path / "faults.yaml").write_text("gpu-0: {recovery: gpu-reset}\n")
+    await eventually(
+        lambda: node_event(api, "DeviceUnhealthy", "recovery action gpu-reset"),
+        what="NVML's recovery action tainted",
+    )
+    (tmp_path / "faults.yaml").unlink()  # the recovery action back to none: the GPU was reset
+
+    async def clean() -> bool:
+        found = await published_taints(api)
+        return not any(found.get(name) for name in partitions | {"gpu-0"})
+
+    await eventually(clean, what="the reset cleared gpu-0 and its partitions")

@@ -12,6 +12,7 @@ tests assert there that one claim at a time holds it, whole.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest_asyncio
@@ -25,6 +26,7 @@ from tests.e2e.helpers import (
     container_env,
     driver_class,
     events_of,
+    gone,
     server_minor,
 )
 
@@ -216,3 +218,79 @@ async def test_a_burst_of_shares_never_holds_more_than_the_gpus_memory(
 
     second = await eventually(second_wave, timeout=180, what="waiting claims scheduled")
     assert set(second) <= set(waiting), second
+
+
+def standin_state(agent: AgentProcess) -> dict[str, object] | None:
+    """What gpu-0's (stand-in) MPS control daemon says it enforces; None: none runs."""
+    path = agent.checkpoint_dir / "sharing" / "gpu-0" / "pipe" / "dra-gpu-standin.json"
+    try:
+        found: dict[str, object] = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return found
+
+
+async def test_the_mps_daemon_serves_every_share_and_goes_with_the_last(
+    api: kube.Kube, kubectl: Kubectl, namespace: str, shared_class: str, agent: AgentProcess
+) -> None:
+    ns = namespace
+    if await server_minor(api) < 36:
+        return  # 1.35: published exclusive (the first test says so); no share, no daemon
+    assert standin_state(agent) is None  # nothing shared yet: no daemon
+    wanted = {"m1": None, "m2": "12Gi", "m3": "16Gi"}
+    for name, memory in wanted.items():
+        await claim_and_pod(api, ns, name, shared_class, memory=memory)
+
+    async def all_running() -> bool:
+        return all([await is_running(api, ns, n) for n in wanted])
+
+    await eventually(all_running, timeout=180, what="three MPS shares of gpu-0 running")
+    daemon = standin_state(agent)
+    assert daemon is not None
+    uuid = daemon["visibleDevices"]
+    assert daemon["defaultDevicePinnedMemLimit"] == {uuid: "8192M"}  # the policy's default
+    results = await allocated(api, ns)
+    for name, result in results.items():
+        # Each share's container reaches the daemon through the mounted pipe directory, and
+        # carries its own limit for it.
+        seen = json.loads(
+            await kubectl(
+                "exec",
+                "-n",
+                ns,
+                name,
+                "-c",
+                "main",
+                "--",
+                "cat",
+                "/tmp/nvidia-mps/dra-gpu-standin.json",
+            )
+        )
+        assert seen["pid"] == daemon["pid"]
+        env = await container_env(kubectl, ns, name, "main")
+        assert env is not None
+        mib = int(quantities.exact_value(result["consumedCapacity"]["memory"])) // 2**20
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib}M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+
+    # The agent restarts: the daemon keeps running, and is adopted.
+    agent.restart()
+    after = standin_state(agent)
+    assert after is not None
+    assert after["pid"] == daemon["pid"]
+
+    # One share goes: the daemon stays; the last goes: the daemon goes with it.
+    await api.request("DELETE", f"/api/v1/namespaces/{ns}/pods/m1")
+    # A pod whose claim was prepared goes only once the driver unprepared it.
+    await eventually(
+        lambda: gone(api, f"/api/v1/namespaces/{ns}/pods/m1"), timeout=120, what="m1 gone"
+    )
+    still = standin_state(agent)
+    assert still is not None
+    assert still["pid"] == daemon["pid"]
+    await api.request("DELETE", f"/api/v1/namespaces/{ns}/pods")
+    await eventually(
+        lambda: standin_state(agent) is None or None, timeout=120, what="the daemon stopped"
+    )
+    assert not (agent.checkpoint_dir / "sharing" / "gpu-0").exists()

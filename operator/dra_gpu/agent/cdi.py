@@ -7,8 +7,11 @@ and both the spec writer and the prepare response call it.
 
 It owns one spec file per prepared claim, ``<vendor>-<class>_<claim UID>.json`` in the CDI
 directory (``/var/run/cdi``, a tmpfs: the checkpoint is what re-creates specs after a reboot).
-It knows nothing of Kubernetes objects, gRPC or GPU backends: callers say which environment each
-device gets. File functions block (fsync), so async callers run them in a thread.
+It knows nothing of Kubernetes objects, gRPC or GPU backends: callers say what each device gets
+and what the claim's containers get whichever device they are given (``devices.edits``: env,
+device nodes, mounts; the spec's top-level ``containerEdits``, which keeps every device's name,
+and so every recorded CDI device ID, as the previous version wrote it). File functions block
+(fsync), so async callers run them in a thread.
 
 Names (vendor ``k8s.<driver>``, class ``gpu``)::
 
@@ -24,19 +27,21 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, TypedDict, cast
+from typing import Any, Final, Required, TypedDict, cast
 
 from dra_gpu.agent import files
+from dra_gpu.devices import edits
 
 CDI_CLASS: Final = "gpu"
 
 SPEC_SUFFIX: Final = ".json"
 
-# Spec versions we may write, lowest first. Our specs carry only per-device `env` edits, which
-# every version has had since 0.3.0. Device names start with the claim UID, and a name starting
-# with a digit is only valid from 0.5.0 on; a UID starts with a digit in 10 of 16 cases. We write
-# the lowest version the content needs because runtimes with an older CDI library reject newer
-# values.
+# Spec versions we may write, lowest first. Our specs carry `env`, `deviceNodes` (path, type,
+# major, minor, fileMode: never `hostPath`, 0.5.0's) and `mounts` (never `type`, 0.4.0's), per
+# device and at the spec's top level, all of which 0.3.0 has (CDI's specs-go/version.go).
+# Device names start with the claim UID, and a name starting with a digit is only valid from
+# 0.5.0 on; a UID starts with a digit in 10 of 16 cases. We write the lowest version the content
+# needs because runtimes with an older CDI library reject newer values.
 _CDI_VERSION_BASE: Final = "0.3.0"
 _CDI_VERSION_DIGIT_FIRST_NAME: Final = "0.5.0"
 
@@ -46,9 +51,29 @@ _VENDOR_OR_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 
-class ContainerEdits(TypedDict):
-    env: list[str]
-    """``"KEY=value"`` strings."""
+class DeviceNode(TypedDict, total=False):
+    """A ``deviceNodes[]`` entry: ``path`` alone (the runtime reads the host's node there), or
+    with ``type``/``major``/``minor``/``fileMode`` for a node created in the container only."""
+
+    path: Required[str]
+    type: str
+    major: int
+    minor: int
+    fileMode: int
+
+
+class Mount(TypedDict):
+    hostPath: str
+    containerPath: str
+    options: list[str]
+
+
+class ContainerEdits(TypedDict, total=False):
+    env: Required[list[str]]
+    """``"KEY=value"`` strings. Always written, even empty: the previous version of the agent
+    reads every device's ``env`` back from the checkpoint."""
+    deviceNodes: list[DeviceNode]
+    mounts: list[Mount]
 
 
 class CdiDevice(TypedDict):
@@ -56,12 +81,14 @@ class CdiDevice(TypedDict):
     containerEdits: ContainerEdits
 
 
-class CdiSpec(TypedDict):
+class CdiSpec(TypedDict, total=False):
     """A CDI spec file's content, as this driver writes it."""
 
-    cdiVersion: str
-    kind: str
-    devices: list[CdiDevice]
+    cdiVersion: Required[str]
+    kind: Required[str]
+    devices: Required[list[CdiDevice]]
+    containerEdits: ContainerEdits
+    """Applied once a container is given any device of the spec: the claim-wide edits."""
 
 
 class InvalidCdiName(ValueError):
@@ -124,40 +151,103 @@ def _checked_claim_uid(claim_uid: str) -> str:
 
 
 def claim_spec(
-    driver: str, claim_uid: str, devices: Sequence[tuple[str, Mapping[str, str]]]
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[tuple[str, edits.Edits | Mapping[str, str]]],
+    common: edits.Edits | None = None,
 ) -> CdiSpec:
-    """The CDI spec of one claim: one CDI device per ``(device, env)``, in the given order.
+    """The CDI spec of one claim: one CDI device per ``(device, edits)``, in the given order
+    (a mapping stands for environment only), and ``common`` as the spec's own edits.
 
     Raises ValueError for an empty device list (CDI requires at least one device), a device
-    listed twice, or an environment key that cannot be written as ``KEY=value``.
+    listed twice or without any edit (CDI refuses it), a variable a device sets that the
+    claim's edits set too (the device's value would replace the claim's in every container
+    given it: CDI applies the spec's edits before the device's), an environment name that
+    cannot be written as ``KEY=value``, or a device node or mount path that is not absolute.
     """
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    claim_edits = common or edits.Edits()
+    where_common = f"claim {claim_uid}"
     cdi_devices: list[CdiDevice] = []
     seen: set[str] = set()
-    for device, env in devices:
+    for device, given in devices:
+        device_edits = given if isinstance(given, edits.Edits) else edits.Edits(given)
+        where = f"claim {claim_uid}, device {device!r}"
         if device in seen:
             raise ValueError(f"claim {claim_uid}: device {device!r} is listed twice")
         seen.add(device)
-        for key in env:
-            if not key or "=" in key or "\0" in key:
-                raise ValueError(
-                    f"claim {claim_uid}, device {device!r}: {key!r} is not an environment name"
-                )
+        clash = sorted(set(device_edits.env) & set(claim_edits.env))
+        if clash:
+            raise ValueError(
+                f"{where}: sets {', '.join(clash)}, which the claim's edits set for all its devices"
+            )
+        if not (device_edits.env or device_edits.device_nodes or device_edits.mounts):
+            raise ValueError(f"{where}: no container edits (CDI refuses such a device)")
         cdi_devices.append(
             {
                 "name": cdi_device_name(claim_uid, device),
-                "containerEdits": {"env": [f"{key}={value}" for key, value in env.items()]},
+                "containerEdits": _container_edits(device_edits, where),
             }
         )
-    return {
+    spec: CdiSpec = {
         "cdiVersion": _lowest_cdi_version(cdi_devices),
         "kind": cdi_kind(driver),
         "devices": cdi_devices,
     }
+    if claim_edits.env or claim_edits.device_nodes or claim_edits.mounts:
+        spec["containerEdits"] = _container_edits(claim_edits, where_common)
+    return spec
+
+
+def _container_edits(given: edits.Edits, where: str) -> ContainerEdits:
+    for key, value in given.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"{where}: {key!r} is not an environment name")
+    out: ContainerEdits = {"env": [f"{key}={value}" for key, value in given.env.items()]}
+    if given.device_nodes:
+        out["deviceNodes"] = [_device_node(node, where) for node in given.device_nodes]
+    if given.mounts:
+        out["mounts"] = [_mount(mount, where) for mount in given.mounts]
+    return out
+
+
+def _device_node(node: edits.DeviceNode, where: str) -> DeviceNode:
+    _check_path(node.path, f"{where}: device node")
+    entry: DeviceNode = {"path": node.path}
+    if node.type is not None:
+        if node.type not in ("c", "b"):
+            raise ValueError(f"{where}: device node {node.path}: type {node.type!r} is not c or b")
+        entry["type"] = node.type
+    for key, number in (("major", node.major), ("minor", node.minor)):
+        if number is None:
+            continue
+        if number < 0:
+            raise ValueError(f"{where}: device node {node.path}: {key} {number} is negative")
+        entry[key] = number  # type: ignore[literal-required]
+    if node.file_mode is not None:
+        entry["fileMode"] = node.file_mode
+    return entry
+
+
+def _mount(mount: edits.Mount, where: str) -> Mount:
+    _check_path(mount.host_path, f"{where}: mount host path")
+    _check_path(mount.container_path, f"{where}: mount container path")
+    return {
+        "hostPath": mount.host_path,
+        "containerPath": mount.container_path,
+        "options": list(mount.options),
+    }
+
+
+def _check_path(path: str, what: str) -> None:
+    if not path.startswith("/") or "\0" in path:
+        raise ValueError(f"{what} {path!r} is not an absolute path")
 
 
 def _lowest_cdi_version(devices: Sequence[CdiDevice]) -> str:
+    # deviceNodes (without hostPath), mounts (without type) and the spec's own containerEdits
+    # are 0.3.0's; only a device name starting with a digit needs more.
     if any(device["name"][0].isdigit() for device in devices):
         return _CDI_VERSION_DIGIT_FIRST_NAME
     return _CDI_VERSION_BASE

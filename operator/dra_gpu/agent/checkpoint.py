@@ -134,19 +134,28 @@ class PreparedClaim:
             spec = {
                 **spec,
                 "devices": [
-                    _with_env_value(d, old.uuid, instance.uuid) if d["name"] == name else d
+                    {**d, "containerEdits": _with_env_value(d["containerEdits"], old, instance)}
+                    if d["name"] == name
+                    else d
                     for d in spec["devices"]
                 ],
             }
+            if "containerEdits" in spec:  # the claim's NVIDIA_VISIBLE_DEVICES lists it too
+                spec["containerEdits"] = _with_env_value(spec["containerEdits"], old, instance)
         return dataclasses.replace(self, devices=devices, cdi_spec=spec)
 
 
-def _with_env_value(device: cdi.CdiDevice, old: str, new: str) -> cdi.CdiDevice:
+def _with_env_value(
+    edits: cdi.ContainerEdits, old: model.MigInstance, new: model.MigInstance
+) -> cdi.ContainerEdits:
+    """``edits`` with the old MIG device's UUID replaced by the new one's wherever a variable's
+    value, or an item of a comma-separated list (``NVIDIA_VISIBLE_DEVICES``), is that UUID."""
     env = []
-    for entry in device["containerEdits"]["env"]:
+    for entry in edits["env"]:
         key, _, value = entry.partition("=")
-        env.append(f"{key}={new}" if value == old else entry)
-    return {**device, "containerEdits": {**device["containerEdits"], "env": env}}
+        items = [new.uuid if item == old.uuid else item for item in value.split(",")]
+        env.append(f"{key}={','.join(items)}")
+    return {**edits, "env": env}
 
 
 def record_claim(
@@ -568,6 +577,9 @@ def _cdi_spec(value: object, where: str) -> cdi.CdiSpec:
         edits_where = f"{device_where}.containerEdits"
         edits = _object(_key(device, "containerEdits", device_where), edits_where)
         _strings(_key(edits, "env", edits_where), f"{edits_where}.env")
+    if "containerEdits" in spec:  # the claim's edits (written since claim-level edits came)
+        edits = _object(spec["containerEdits"], f"{where}.containerEdits")
+        _strings(_key(edits, "env", f"{where}.containerEdits"), f"{where}.containerEdits.env")
     return cast(cdi.CdiSpec, spec)
 
 

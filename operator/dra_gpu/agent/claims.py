@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NewType
 
-from dra_gpu.devices import model
+from dra_gpu.devices import edits, model
 
 ClaimUID = NewType("ClaimUID", str)
 
@@ -85,20 +85,56 @@ SHARING_ENV = "DRA_GPU_SHARING_STRATEGY"
 MEMORY_LIMIT_ENV = "DRA_GPU_MEMORY_LIMIT"
 SHARE_ID_ENV = "DRA_GPU_SHARE_ID"
 MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
-def share_env(device: AllocatedDevice, sharing: model.Sharing | None) -> dict[str, str]:
-    """What a container given a share of a shared GPU is told: the sharing mode, its memory
-    share (``consumedCapacity``, else the policy's default) and share ID; under MPS also the
-    pinned-memory limit the MPS server enforces, for the container's first GPU (``0=<MiB>M``).
-    Nothing for a device allocated whole."""
+def share_mode_env(device: AllocatedDevice, sharing: model.Sharing | None) -> dict[str, str]:
+    """A share's own variable: ``DRA_GPU_SHARING_STRATEGY=<mode>`` (in place of the opaque
+    config's ``Exclusive``). Nothing for a device allocated whole."""
     if sharing is None or device.share_id is None:
         return {}
-    share = device.consumed.get("memory", sharing.memory.default)
-    env = {SHARING_ENV: sharing.mode, MEMORY_LIMIT_ENV: share, SHARE_ID_ENV: device.share_id}
-    if sharing.mode == "MPS":
-        mib = int(model.parse_quantity(share)) // 2**20
-        env[MPS_MEMORY_LIMIT_ENV] = f"0={mib}M"
+    return {SHARING_ENV: sharing.mode}
+
+
+def share_env(devices: Sequence[tuple[AllocatedDevice, model.Device]]) -> dict[str, str]:
+    """What a container given a claim's shares is told, once for the claim (CDI merges
+    variables by key, so one per share would keep only the last share's):
+
+    - ``DRA_GPU_MEMORY_LIMIT``: each share's memory (``consumedCapacity``, else the policy's
+      default), ``DRA_GPU_SHARE_ID``: each share's ID; comma-separated, in the claim's order
+      of its shares (one share: one value, ``12Gi``);
+    - under MPS, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<ordinal>=<MiB>M,...``: per GPU, by its
+      place in the claim's ``NVIDIA_VISIBLE_DEVICES`` (``devices.edits.visible_uuids``), the
+      sum of the claim's shares of it; and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, the lowest
+      ``activeThreadPercentage`` of the GPUs (the variable is one per client process).
+
+    ``devices``: all of the claim's devices, in allocation order. Empty without shares."""
+    shares = [
+        (alloc, device, device.sharing)
+        for alloc, device in devices
+        if alloc.share_id is not None and device.sharing is not None
+    ]
+    if not shares:
+        return {}
+    memory = [alloc.consumed.get("memory", sharing.memory.default) for alloc, _, sharing in shares]
+    env = {
+        MEMORY_LIMIT_ENV: ",".join(memory),
+        SHARE_ID_ENV: ",".join(alloc.share_id or "" for alloc, _, _ in shares),
+    }
+    ordinals = {uuid: k for k, uuid in enumerate(edits.visible_uuids(d for _, d in devices))}
+    pinned: dict[int, int] = {}
+    threads: list[int] = []
+    for (_, device, sharing), share in zip(shares, memory, strict=True):
+        if sharing.mode != "MPS":
+            continue
+        ordinal = ordinals[device.uuid]
+        pinned[ordinal] = pinned.get(ordinal, 0) + int(model.parse_quantity(share)) // 2**20
+        if sharing.active_thread_percentage is not None:
+            threads.append(sharing.active_thread_percentage)
+    if pinned:
+        env[MPS_MEMORY_LIMIT_ENV] = ",".join(f"{k}={mib}M" for k, mib in sorted(pinned.items()))
+    if threads:
+        env[MPS_THREADS_ENV] = str(min(threads))
     return env
 
 

@@ -1,12 +1,21 @@
 """Device health on this node: the backend's faults -> taints, Events, metrics, health stream.
 
 Every ``poll_seconds`` the monitor collects the backend's faults (NVML events queued by its
-thread, a lost GPU, the simulated faults file) and gives them to ``devices.health``'s tracker,
-which decides the taints and when they clear (after the quiet period). On a change, and only
-then, it asks the publisher for a new pool generation (the publisher reads ``taints()``), posts a
-Warning Event on the Node for a new taint (a Normal one when it clears), updates
+thread, a lost GPU, NVML's recovery action, the simulated faults file) and resets, and gives
+them to ``devices.health``'s tracker, which decides the taints and when they clear (after the
+quiet period; a reset-needing one when the GPU is reset). On a change, and only then, it asks the
+publisher for a new pool generation (the publisher reads ``taints(devices)``: a MIG partition
+carries its GPU's taints too), posts a Warning Event on the Node and on the claims holding the
+device (or a partition of it) for a new taint (a Normal one when it clears), updates
 ``dra_gpu_device_health`` and ``dra_gpu_device_faults_total``, and wakes the kubelet's health
-streams (``server.HealthServicer`` waits on ``changed``).
+streams (``server.HealthServicer`` waits on ``changed``). ``dra_gpu_device_health_monitored``
+says which devices the backend watches (``health.Monitored``).
+
+Operator clear: a reset-needing taint also goes when the Node carries the annotation
+``<driver>/gpu-reset.<device>: <RFC 3339 time>`` (``kubectl annotate --overwrite node NODE
+gpu.example.com/gpu-reset.gpu-0=$(date -u +%Y-%m-%dT%H:%M:%SZ)``) with a time at or after the
+taint's: "this GPU was reset then". The Node is read for it only while a device holds such a
+taint, at most every ``clear_check_seconds``; a fault that goes on (a GPU still lost) taints again.
 
 It owns no devices and does no NVML itself: a backend failure is logged and tried again on the
 next poll, never ends the agent (a broken faults file must not stop prepares).
@@ -29,6 +38,8 @@ log = logging.getLogger(__name__)
 COMPONENT = "dra-gpu-agent"
 UNHEALTHY_REASON = "DeviceUnhealthy"
 RECOVERED_REASON = "DeviceRecovered"
+CLEAR_ANNOTATION = "gpu-reset."
+"""``<driver>/gpu-reset.<device>`` on the Node: the operator says the device was reset then."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +91,7 @@ class HealthMonitor:
         claims: Callable[[], Iterable[ClaimOnDevice]] = tuple,
         on_device_health: Callable[[str, dict[str, Any]], None] = lambda device, condition: None,
         clock: Callable[[], datetime.datetime] = _now,
+        clear_check_seconds: float = 10.0,
     ) -> None:
         self.api = api
         self.backend = backend
@@ -101,24 +113,42 @@ class HealthMonitor:
         self.version = 0
         """Counts changes, so a waiter can tell whether it missed one."""
         self._states: dict[str, str] = {}
+        self._monitored: dict[str, bool] = {}
         self._started = clock()
+        self.clear_check_seconds = clear_check_seconds
+        self._clear_checked: datetime.datetime | None = None
+        self._bad_clears: set[str] = set()
+        self._devices: tuple[model.Device, ...] = ()
         for cause in health.CAUSES:
             metrics.DEVICE_FAULTS.labels(node, cause)
         for change in ("added", "cleared"):
             metrics.DEVICE_TAINT_CHANGES.labels(node, change)
 
-    def taints(self) -> Mapping[str, tuple[health.Taint, ...]]:
+    def taints(
+        self, devices: Iterable[model.Device] | None = None
+    ) -> Mapping[str, tuple[health.Taint, ...]]:
+        """Device name -> its taints: its own and, for a MIG partition of ``devices`` (the
+        inventory about to be published; default the last one seen), its GPU's."""
+        if devices is not None:
+            self._learn(tuple(devices))
         return self.tracker.taints()
+
+    def _learn(self, devices: tuple[model.Device, ...]) -> None:
+        self._devices = devices
+        self.tracker.parents = {d.name: d.partition_of for d in devices if d.partition_of}
+
+    async def _read_inventory(self) -> tuple[model.Device, ...]:
+        if self.inventory is not None:
+            try:
+                self._learn((await self.inventory()).devices)
+            except Exception as exc:  # reported by the publisher, which reads the same
+                log.debug("no inventory for device health: %s", exc)
+        return self._devices
 
     async def device_reports(self) -> list[DeviceReport]:
         """Every device of the inventory (and any tainted one), unhealthy if it has a taint:
         a degraded device (NoSchedule) may still run its pods, but they are told."""
-        names: list[str] = []
-        if self.inventory is not None:
-            try:
-                names = [d.name for d in (await self.inventory()).devices]
-            except Exception as exc:
-                log.debug("no inventory for the health stream: %s", exc)
+        names = [d.name for d in await self._read_inventory()]
         taints = self.tracker.taints()
         names += [n for n in taints if n not in names]
         started = int(self._started.timestamp())
@@ -145,8 +175,10 @@ class HealthMonitor:
     async def check_once(self) -> list[health.Change]:
         """Collect faults, update taints; returns what changed."""
         faults = await self.backend.faults()
+        await self._read_inventory()  # partitions: a GPU's reset and taints reach them
         now = self.clock()
         changes = self.tracker.observe(faults, now) + self.tracker.expire(now)
+        changes += await self._operator_clears(now)
         await self._update_metrics()
         if not changes:
             return changes
@@ -158,13 +190,49 @@ class HealthMonitor:
             self.changed.notify_all()
         return changes
 
-    async def _update_metrics(self) -> None:
-        names: set[str] = set(self.tracker.taints())
-        if self.inventory is not None:
+    async def _operator_clears(self, now: datetime.datetime) -> list[health.Change]:
+        """Reset-needing taints an operator cleared with the Node annotation (read only while
+        there are such taints, at most every ``clear_check_seconds``)."""
+        held = self.tracker.held()
+        if self.api is None or not held:
+            return []
+        checked = self._clear_checked
+        if checked is not None and (now - checked).total_seconds() < self.clear_check_seconds:
+            return []
+        self._clear_checked = now
+        try:
+            node = await self.api.get(f"/api/v1/nodes/{self.node}")
+        except Exception as exc:  # the API restarting: the next check reads it again
+            log.warning("reading Node %s for cleared device taints failed: %s", self.node, exc)
+            return []
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        prefix = f"{self.driver}/{CLEAR_ANNOTATION}"
+        changes: list[health.Change] = []
+        for key, value in annotations.items():
+            device = key.removeprefix(prefix)
+            if not key.startswith(prefix) or device not in held:
+                continue
             try:
-                names |= {d.name for d in (await self.inventory()).devices}
-            except Exception as exc:  # reported by the publisher, which reads the same
-                log.debug("no inventory for the health metrics: %s", exc)
+                when = health.parse_time(str(value))
+            except ValueError as err:
+                if f"{key}={value}" not in self._bad_clears:
+                    self._bad_clears.add(f"{key}={value}")
+                    log.warning("Node %s: annotation %s: %s; no taint cleared", self.node, key, err)
+                continue
+            reason = f"an operator cleared it (Node annotation {key}={value})"
+            changes += self.tracker.reset(device, now, reason=reason, before=when)
+        return changes
+
+    async def _update_metrics(self) -> None:
+        names: set[str] = set(self.tracker.taints()) | {d.name for d in self._devices}
+        if isinstance(self.backend, health.Monitored):
+            monitored = self.backend.monitored()
+            parents = self.tracker.parents
+            for name in {d.name for d in self._devices}:
+                watched = monitored.get(parents.get(name, name), True)
+                if self._monitored.get(name) != watched:
+                    metrics.DEVICE_MONITORED.labels(self.node, name).set(int(watched))
+                    self._monitored[name] = watched
         for name in names:
             state = self.tracker.state(name)
             if self._states.get(name) == state:
@@ -183,23 +251,34 @@ class HealthMonitor:
             assert change.fault is not None
             metrics.DEVICE_FAULTS.labels(self.node, change.fault.cause).inc()
             type_, reason = "Warning", UNHEALTHY_REASON
-            message = f"{device}: {change.fault.message} at {when}: tainted {taint} until it has "
-            message += f"been quiet for {quiet}"
+            message = f"{device}: {change.fault.message} at {when}: tainted {taint} until "
+            if change.fault.until_reset:
+                message += "the GPU is reset (NVML reports it) or an operator clears it "
+                message += f"(Node annotation {self.driver}/{CLEAR_ANNOTATION}{change.device}"
+                message += "=<time of the reset>)"
+            else:
+                message += f"it has been quiet for {quiet}"
         else:
             type_, reason = "Normal", RECOVERED_REASON
             message = f"{device}: taint {taint} (since {when}) cleared at "
-            message += f"{health.format_time(now)}: no fault for {quiet}"
+            why = f"no fault for {quiet}" if change.reason in ("", "quiet") else change.reason
+            message += f"{health.format_time(now)}: {why}"
         log.log(logging.WARNING if change.added else logging.INFO, "%s", message)
-        remaining = self.tracker.taints().get(change.device) or ()
-        self.on_device_health(
-            change.device,
-            health_condition(
-                not remaining,
-                UNHEALTHY_REASON if remaining else RECOVERED_REASON,
-                message,
-                min(t.time_added for t in remaining) if remaining else now,
-            ),
-        )
+        taints = self.tracker.taints()
+        affected = {change.device} | {
+            p for p, parent in self.tracker.parents.items() if parent == change.device
+        }
+        for name in sorted(affected):
+            remaining = taints.get(name) or ()
+            self.on_device_health(
+                name,
+                health_condition(
+                    not remaining,
+                    UNHEALTHY_REASON if remaining else RECOVERED_REASON,
+                    message,
+                    min(t.time_added for t in remaining) if remaining else now,
+                ),
+            )
         if self.api is None:
             return
         regarding = [
@@ -214,7 +293,7 @@ class HealthMonitor:
                 "uid": claim.uid,
             }
             for claim in self.claims()
-            if change.device in claim.devices
+            if affected & set(claim.devices)
         ]
         recorder = events.Recorder(self.api, COMPONENT, self.node)
         for ref in regarding:

@@ -54,7 +54,9 @@ class SlicePublisher:
         registered_at: Callable[[], datetime.datetime | None] = lambda: None,
         contention: Contention | None = None,
         clock: Callable[[], float] = time.monotonic,
-        taints: Callable[[], Mapping[str, tuple[health.Taint, ...]]] = dict,
+        taints: Callable[
+            [tuple[model.Device, ...]], Mapping[str, tuple[health.Taint, ...]]
+        ] = lambda devices: {},
     ) -> None:
         self.api = api
         self.backend = backend
@@ -69,7 +71,8 @@ class SlicePublisher:
         self.contention = contention or Contention(pool=node, driver=driver)
         self.clock = clock
         self.taints = taints
-        """Device name -> the taints to publish on it (``health.HealthMonitor.taints``)."""
+        """The devices about to be published -> the taints of each (``HealthMonitor.taints``:
+        a MIG partition's include its GPU's, so a fault of a MIG-mode GPU taints them all)."""
         self.partitions_supported = True
         """False once the API server dropped the counters we wrote (``DRAPartitionableDevices``
         off: Kubernetes 1.35, or a gate turned off): partitioned GPUs are then published whole
@@ -209,7 +212,7 @@ class SlicePublisher:
         return True
 
     def _tainted(self, devices: tuple[model.Device, ...]) -> tuple[model.Device, ...]:
-        taints = self.taints()
+        taints = self.taints(devices)
         if not self.taints_supported:
             return tuple(d for d in devices if not taints.get(d.name))
         return tuple(

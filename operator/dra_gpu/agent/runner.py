@@ -28,7 +28,7 @@ from typing import NoReturn
 # isort: split
 
 from dra_gpu import events, httpserver, kube, metrics
-from dra_gpu.agent import cdi, checkpoint, claims, memory, server
+from dra_gpu.agent import cdi, checkpoint, claims, memory, mps, server
 from dra_gpu.agent.claimcache import ClaimCache
 from dra_gpu.agent.health import ClaimOnDevice, HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
@@ -55,7 +55,11 @@ def make_backend(settings: AgentSettings) -> model.Backend:
         from dra_gpu.devices.nvml import NvmlBackend
 
         return NvmlBackend(
-            settings.node_name, xids=settings.xid_policy, shared_gpus=settings.shared_gpu_policy
+            settings.node_name,
+            xids=settings.xid_policy,
+            shared_gpus=settings.shared_gpu_policy,
+            driver_root=settings.driver_root,
+            nvidia_smi=settings.nvidia_smi,
         )
     from dra_gpu.devices.simulated import SimulatedBackend
 
@@ -133,13 +137,20 @@ async def _run(
         api=api,
         driver=settings.driver_name,
         node=settings.node_name,
-        container_env=backend.container_env,
+        container_edits=backend.container_edits,
         cdi_dir=settings.cdi_dir,
         checkpoint_file=settings.checkpoint_file,
         inventory=publisher.inventory,
         status=status_writer,
         mig=backend if isinstance(backend, model.MigInstances) else None,
+        mig_own_layout=settings.mig_own_layout,
         cache=cache,
+        sharing=mps.Sharing(
+            settings.sharing_dir,
+            settings.mps_control_argv,
+            backend if isinstance(backend, mps.GpuControls) else None,
+            shm_dir=settings.mps_shm_dir,
+        ),
     )
     monitor.claims = lambda: [
         ClaimOnDevice(

@@ -27,18 +27,25 @@ sockets taken over is ``retire``d (no writes at all, not even the snapshot at st
 
 MIG instances (a backend with ``model.MigInstances``): prepare of a MIG partition creates its
 GPU and compute instance before the spec and the checkpoint entry, and unprepare destroys it
-before the entry goes, so a recorded claim always has its instance. A crash between creation
-and the checkpoint write leaves an instance nothing records: ``recover`` at start destroys
-every instance that no recorded claim holds (before the kubelet's retry prepares the claim
-again, creating it anew), and creates again the recorded ones that are missing (a reboot:
-MIG instances do not survive a GPU reset), rewriting the claim's record and spec if the new
-MIG device has another UUID.
+before the entry goes, so a recorded claim always has its instance. Before creating, prepare
+writes the placements it is about to create to an intents file (on the CDI directory's tmpfs),
+so a crash between creation and the checkpoint write leaves an instance that nothing records
+but that is known to be ours: ``recover`` at start destroys it (before the kubelet's retry
+prepares the claim again, creating it anew). Instances neither recorded nor intended are
+someone else's (the GPU Operator's mig-manager): left alone, reported on the Node, and their
+placements not offered (``MigInstances.adopt_mig_instances``), unless the agent owns the
+layout (``mig_own_layout``: they are destroyed). ``recover`` creates again the recorded ones
+that are missing (a reboot: MIG instances do not survive a GPU reset), rewriting the claim's
+record and spec if the new MIG device has another UUID, and reports the GPUs whose MIG
+management NVML refuses (no privileges) as a Warning Event on the Node.
 
 This module owns the checkpoint file and the CDI specs of our driver. It answers to the gRPC
 servicers with ``Prepared`` (not the on-disk record) or ``PrepareFailed`` and never talks gRPC
 itself; ``status.devices`` writes go to a ``StatusSink`` and do not delay the answer to the
 kubelet. What a container sees of a device (its environment) is the backend's to say
-(``model.Backend.container_env``).
+(``model.Backend.container_edits``); the MPS daemons and time-slices of shared GPUs are
+``sharing``'s (``agent.mps``): held before a share's spec is written, brought in line with the
+checkpoint after an unprepare and at start.
 """
 
 from __future__ import annotations
@@ -47,16 +54,17 @@ import asyncio
 import dataclasses
 import datetime
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from dra_gpu import kube, metrics, opaque
-from dra_gpu.agent import cdi, checkpoint, claimcache, claims, failpoints
+from dra_gpu import events, kube, metrics, opaque
+from dra_gpu.agent import cdi, checkpoint, claimcache, claims, failpoints, files, mps
 from dra_gpu.agent.claims import ClaimError, ClaimRef
-from dra_gpu.devices import mig, model
+from dra_gpu.devices import edits, mig, model
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +73,15 @@ CLAIM_READS = 16
 hundreds must not open hundreds of connections (each a TLS session kept in the client's pool,
 tens of KiB resident, and as many requests at once on the API server)."""
 
+MIG_INTENTS_DIR = ".dra-gpu-mig-intents"
+"""Under the CDI directory: the MIG instances each driver's agent is creating now."""
+EVENT_COMPONENT = "dra-gpu-agent"
+
 InventorySource = Callable[[bool], Awaitable[model.Inventory]]
 """Returns the node's inventory; ``True`` asks for a fresh read instead of the cached one."""
 
-ContainerEnv = Callable[[int, model.Device], Mapping[str, str]]
-"""A container's environment for the n-th device of a claim (``model.Backend.container_env``)."""
+ContainerEdits = Callable[[Sequence[edits.GivenDevice]], Awaitable[edits.ClaimEdits]]
+"""What a container given a claim's devices gets (``model.Backend.container_edits``)."""
 
 
 @dataclasses.dataclass
@@ -131,20 +143,26 @@ class DeviceState:
         api: kube.Kube,
         driver: str,
         node: str,
-        container_env: ContainerEnv,
+        container_edits: ContainerEdits,
         cdi_dir: Path,
         checkpoint_file: Path,
         inventory: InventorySource,
         status: StatusSink,
         mig: model.MigInstances | None = None,
+        mig_own_layout: bool = False,
         cache: claimcache.ClaimCache | None = None,
+        sharing: mps.Sharing | None = None,
     ) -> None:
         self.api = api
         self._cache = cache
         self._mig = mig
+        self._mig_own_layout = mig_own_layout
+        self._mig_intents: set[model.MigPlacement] = set()  # instances being made now
+        self._mig_intents_lock = asyncio.Lock()
         self.driver = driver
         self.node = node
-        self._container_env = container_env
+        self._container_edits = container_edits
+        self._sharing = sharing
         self.cdi_dir = cdi_dir
         self.checkpoint_file = checkpoint_file
         self._inventory = inventory
@@ -252,23 +270,44 @@ class DeviceState:
                 repaired.append(
                     f"re-wrote damaged CDI spec of claim {claim.namespace}/{claim.name}"
                 )
+        if self._sharing is not None:
+            repaired.extend(await self._sync_sharing())
         return repaired
 
     async def _reconcile_mig(self) -> list[str]:
-        """Destroy the MIG instances no recorded claim holds; create the recorded ones that
-        are missing. A failure is reported and the rest goes on: the agent must start."""
+        """Destroy the MIG instances this agent made that no recorded claim holds (a crash
+        between creating one and recording it: the intents file says so); leave the instances
+        of others alone, unless this agent owns the GPUs' MIG layout (``mig_own_layout``: then
+        every unrecorded instance goes); create the recorded ones that are missing. Report the
+        GPUs whose MIG management NVML refuses. A failure is reported and the rest goes on: the
+        agent must start."""
         if self._mig is None:
             return []
-        present = {i.placement: i for i in await self._mig.mig_instances()}
-        repaired = await self._adopt_mig_instances(present)
         recorded = {
             d.mig_instance.placement: (claim, d.device, d.mig_instance)
             for claim in self._checkpoint.claims.values()
             for d in claim.devices
             if d.mig_instance is not None
         }
+        present = {i.placement: i for i in await self._mig.mig_instances()}
+        # Until the record is complete nothing counts as someone else's (a rebuilt checkpoint
+        # finds its claims' partitions in the inventory).
+        self._mig.adopt_mig_instances({*recorded, *present})
+        repaired = await self._report_mig_refusals()
+        repaired += await self._adopt_mig_instances(present)
+        recorded = {
+            d.mig_instance.placement: (claim, d.device, d.mig_instance)
+            for claim in self._checkpoint.claims.values()
+            for d in claim.devices
+            if d.mig_instance is not None
+        }
+        intended = await asyncio.to_thread(_read_mig_intents, self._intents_file)
+        left: list[model.MigInstance] = []
         for placement, instance in sorted(present.items()):
             if placement in recorded:
+                continue
+            if placement not in intended and not self._mig_own_layout:
+                left.append(instance)
                 continue
             try:
                 await self._mig.destroy_mig_instance(instance)
@@ -276,6 +315,8 @@ class DeviceState:
                 repaired.append(f"could not destroy MIG instance {instance}: {exc}")
                 continue
             repaired.append(f"destroyed MIG instance {instance}: no prepared claim holds it")
+        self._mig.adopt_mig_instances(set(recorded))
+        repaired += await self._report_foreign_instances(left)
         for placement, (claim, device, was) in sorted(recorded.items()):
             now = present.get(placement)
             what = f"MIG instance {placement} of claim {claim.namespace}/{claim.name}"
@@ -289,7 +330,87 @@ class DeviceState:
             if now != was:
                 current = self._checkpoint.claims[claim.uid]
                 await self._commit(checkpoint.Put(current.with_mig_instance(device, now)))
+        if intended:
+            await self._write_mig_intents(set(), durable=False)
         return repaired
+
+    @property
+    def _intents_file(self) -> Path:
+        """The MIG instances being created now: on the CDI directory's tmpfs (it outlives an
+        agent crash, not a reboot, as MIG instances do), in a directory CDI runtimes skip."""
+        return self.cdi_dir / MIG_INTENTS_DIR / f"{self.driver}.json"
+
+    async def _write_mig_intents(self, intents: set[model.MigPlacement], *, durable: bool) -> None:
+        self._mig_intents = intents
+        await asyncio.to_thread(_write_mig_intents, self._intents_file, intents, durable)
+
+    async def _intend(self, placements: Sequence[model.MigPlacement]) -> None:
+        """Say, before creating them, that the instances at ``placements`` are this agent's:
+        a crash before the claim is recorded leaves instances that ``recover`` then knows to
+        destroy, while others' instances are left alone."""
+        async with self._mig_intents_lock:
+            await self._write_mig_intents({*self._mig_intents, *placements}, durable=True)
+
+    async def _intended(self, placements: Sequence[model.MigPlacement]) -> None:
+        """The claim of ``placements`` is recorded (or its instances destroyed)."""
+        async with self._mig_intents_lock:
+            left = self._mig_intents - set(placements)
+            if left != self._mig_intents:
+                await self._write_mig_intents(left, durable=False)
+
+    async def _report_mig_refusals(self) -> list[str]:
+        """A Warning Event on the Node, a log line and the ``dra_gpu_mig_management`` gauge for
+        each MIG-mode GPU whose MIG management NVML refuses; the managed ones on the gauge."""
+        assert self._mig is not None
+        refusals = self._mig.mig_refusals()
+        refused = {r.gpu for r in refusals}
+        partitioned = {
+            d.partition_of
+            for d in (await self._inventory(False)).devices
+            if d.partition_of is not None
+        }
+        for gpu in sorted(partitioned | refused):
+            state = "refused" if gpu in refused else "managed"
+            for each in ("managed", "refused"):
+                metrics.MIG_MANAGEMENT.labels(self.node, gpu, each).set(int(each == state))
+        lines = []
+        for refusal in refusals:
+            message = f"node {self.node}: {refusal}"
+            log.warning("%s", message)
+            await self._node_event("Warning", "MigManagementRefused", message)
+            lines.append(f"MIG management refused: {refusal}")
+        return lines
+
+    async def _report_foreign_instances(self, left: Sequence[model.MigInstance]) -> list[str]:
+        per_gpu: dict[str, int] = {}
+        for instance in left:
+            per_gpu[instance.placement.parent] = per_gpu.get(instance.placement.parent, 0) + 1
+        for gpu, count in sorted(per_gpu.items()):
+            metrics.MIG_FOREIGN_INSTANCES.labels(self.node, gpu).set(count)
+        if not left:
+            return []
+        shown = "; ".join(str(i) for i in left)
+        message = (
+            f"node {self.node}: left {len(left)} MIG instance(s) alone that this agent did not "
+            f"make ({shown}); the placements they block are not offered. To let the agent own "
+            "the GPUs' MIG layout (and destroy them), set the chart value agent.mig.ownLayout "
+            "(--mig-own-layout)"
+        )
+        log.info("%s", message)
+        await self._node_event("Normal", "MigInstancesLeftAlone", message)
+        return [f"left MIG instance {i} alone: not made by this agent" for i in left]
+
+    async def _node_event(self, type_: str, reason: str, message: str) -> None:
+        """An Event on this Node, best effort (the log line says it already)."""
+        try:
+            node = events.object_ref(await self.api.get(f"/api/v1/nodes/{self.node}"))
+        except Exception:
+            node = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": ""}
+        node.setdefault("apiVersion", "v1")
+        node["kind"] = "Node"
+        await events.Recorder(self.api, EVENT_COMPONENT, self.node).post(
+            node, type_=type_, reason=reason, message=message
+        )
 
     async def _adopt_mig_instances(
         self, present: Mapping[model.MigPlacement, model.MigInstance]
@@ -407,17 +528,7 @@ class DeviceState:
             for name, instance in instances.items():
                 # What the container sees is the MIG device that exists now.
                 devices[name] = dataclasses.replace(devices[name], uuid=instance.uuid)
-            spec_devices: list[tuple[str, dict[str, str]]] = []
-            for position, alloc in enumerate(allocated):
-                device = devices[alloc.device]
-                env = {
-                    **self._container_env(position, device),
-                    **configs[alloc.request].container_env(),
-                    **claims.share_env(alloc, device.sharing),
-                    **claims.admin_access_env(alloc),
-                }
-                spec_devices.append((alloc.key, env))
-            spec = cdi.claim_spec(self.driver, ref.uid, spec_devices) if spec_devices else None
+            spec = await self._claim_spec(ref, allocated, devices, configs, instances)
             record = checkpoint.record_claim(
                 self.driver, ref.uid, ref.namespace, ref.name, allocated, spec, instances
             )
@@ -427,10 +538,82 @@ class DeviceState:
             await self._commit(checkpoint.Put(record), write_spec)
         except Exception:
             await self._destroy_instances(ref, list(instances.values()), strict=False)
+            await self._intended(list(placements.values()))
+            if self._sharing is not None:  # a daemon started for this claim alone goes
+                self._sharing.release(ref.uid)
+                await self._sync_sharing()
             raise
+        if self._sharing is not None:
+            self._sharing.release(ref.uid)  # the record holds its shares now
+        if placements:
+            await self._intended(list(placements.values()))  # the record holds them now
         failpoints.reach("before-answer")
         self._set_entries(ref, self._status_entries(allocated, devices))
         return record
+
+    async def _claim_spec(
+        self,
+        ref: ClaimRef,
+        allocated: Sequence[claims.AllocatedDevice],
+        devices: Mapping[str, model.Device],
+        configs: Mapping[str, opaque.GpuConfig],
+        instances: Mapping[str, model.MigInstance],
+    ) -> cdi.CdiSpec | None:
+        """The claim's CDI spec: the backend's edits for its devices (``container_edits``),
+        claim-wide the shares' variables and the sharing daemons' mounts (started for it
+        here, ``sharing.hold``), per device the opaque config's variables."""
+        if not allocated:
+            return None
+        pairs = [(alloc, devices[alloc.device]) for alloc in allocated]
+        given = [edits.GivenDevice(d, instances.get(a.device)) for a, d in pairs]
+        try:
+            claim_edits = await self._container_edits(given)
+            common = claim_edits.common.merged(edits.Edits(claims.share_env(pairs)))
+            shares = [mps.SharedGpu.of(d) for a, d in pairs if a.share_id and d.sharing]
+            if shares and self._sharing is not None:
+                common = common.merged(await self._sharing.hold(ref.uid, shares))
+            spec_devices = [
+                (
+                    alloc.key,
+                    device_edits.merged(
+                        edits.Edits(
+                            {
+                                **configs[alloc.request].container_env(),
+                                **claims.share_mode_env(alloc, device.sharing),
+                                **claims.admin_access_env(alloc),
+                            }
+                        )
+                    ),
+                )
+                for (alloc, device), device_edits in zip(pairs, claim_edits.per_device, strict=True)
+            ]
+            return cdi.claim_spec(self.driver, ref.uid, spec_devices, common)
+        except ValueError as exc:  # InventoryError, a spec CDI would refuse, MpsError
+            raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
+
+    async def _recorded_shares(self) -> list[mps.SharedGpu]:
+        """The shared GPUs that recorded claims hold shares of, as the inventory has them."""
+        held = {
+            d.device
+            for c in self._checkpoint.claims.values()
+            for d in c.devices
+            if d.share_id is not None and d.pool == self.node
+        }
+        if not held:
+            return []
+        by_name = (await self._inventory(False)).by_name
+        gpus = [by_name[n] for n in sorted(held) if n in by_name]
+        return [mps.SharedGpu.of(d) for d in gpus if d.sharing is not None]
+
+    async def _sync_sharing(self) -> list[str]:
+        """Start the sharing daemons recorded shares need, stop the rest; what it did. A
+        failure is logged and reported: the next prepare, unprepare or start tries again."""
+        assert self._sharing is not None
+        try:
+            return await self._sharing.sync(await self._recorded_shares())
+        except Exception as exc:
+            log.error("sharing daemons: %s", exc)
+            return [f"could not bring the sharing daemons in line: {exc}"]
 
     def _mig_placements(
         self,
@@ -481,12 +664,14 @@ class DeviceState:
                     f"ResourceClaim {ref}: MIG placement {placement} is held by claim "
                     f"{other.namespace}/{other.name}, prepared on this node"
                 )
+        await self._intend(list(placements.values()))
         try:
             for device, placement in placements.items():
                 created[device] = await self._mig.create_mig_instance(placement)
                 log.info("claim %s: created MIG instance %s", ref, created[device])
         except Exception as exc:
             await self._destroy_instances(ref, list(created.values()), strict=False)
+            await self._intended(list(placements.values()))
             raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
         failpoints.reach("mig-instance-created")
         return created
@@ -626,6 +811,9 @@ class DeviceState:
         await self._destroy_instances(ref, recorded.mig_instances(), strict=True)
         await self._commit(checkpoint.Delete(ref.uid), delete_spec)
         self._set_entries(ref, [])
+        if self._sharing is not None and any(d.share_id for d in recorded.devices):
+            for line in await self._sync_sharing():  # the last share of a GPU stops its daemon
+                log.info("claim %s: %s", ref, line)
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -727,3 +915,22 @@ def _same_content(path: Path, spec: cdi.CdiSpec) -> bool:
         return path.read_bytes() == cdi.spec_bytes(spec)
     except FileNotFoundError:
         return False
+
+
+def _read_mig_intents(path: Path) -> set[model.MigPlacement]:
+    """(In a thread.) The placements of the intents file; none if it is missing or
+    unreadable (logged: then unrecorded instances are left alone, never destroyed wrongly)."""
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+        return {model.MigPlacement(i["parent"], i["profile"], int(i["start"])) for i in items}
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("MIG intents %s: unreadable, ignored: %s", path, exc)
+        return set()
+
+
+def _write_mig_intents(path: Path, intents: set[model.MigPlacement], durable: bool) -> None:
+    body = [{"parent": p.parent, "profile": p.profile, "start": p.start} for p in sorted(intents)]
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    files.atomic_write(path, json.dumps(body).encode(), durable=durable)

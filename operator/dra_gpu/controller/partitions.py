@@ -7,9 +7,10 @@ metrics and the explanations need it (k8s.io/dynamic-resource-allocation, ``stru
 - **counters** (``checkAvailableCounters``): every allocated device — held alone or in shares,
   counted once — consumes its ``consumesCounters`` from its pool's counter sets. Another device
   fits while each counter it consumes has at least that much left. A shared device that already
-  has shares consumed its counters with the first one and is not charged again. A MIG GPU: the
-  whole GPU and each placement consume the GPU's memory slices and compute slices, so a
-  placement held makes the whole GPU and the placements it overlaps unavailable.
+  has shares consumed its counters with the first one and is not charged again. A MIG-mode GPU
+  is published as its placements only (no whole-GPU device): each consumes the GPU's memory
+  slices and compute slices, so a placement held makes the placements it overlaps, and those
+  the compute slices left cannot hold (the full-size ``7g`` one first), unavailable.
 - **shares** (``CmpRequestOverCapacity``): a device with ``allowMultipleAllocations`` is not
   taken by its shares; each share consumes capacity by the request policy
   (``calculateConsumedCapacity``: the request rounded up to the range's step or to the next
@@ -20,7 +21,8 @@ metrics and the explanations need it (k8s.io/dynamic-resource-allocation, ``stru
 (``PoolUsage``) until told that the pool or its holders changed (``forget``), so the cost of a
 change is the pool it touched. It is the ``inventory.Availability`` of the metrics: a device is
 free when a new claim could get it now (``available``); a partitioned GPU's memory counts once
-(its whole-GPU device's) and a shared device's allocated memory is what its shares consumed.
+(its largest partition's: the full-size one, ``Pool.memory_carriers``) and a shared device's
+allocated memory is what its shares consumed.
 
 Must not: read the API, set metrics or write messages other than the device texts below
 (``explain`` places them in its own).
@@ -172,7 +174,7 @@ class PoolUsage:
     used: Mapping[str, Mapping[str, Amount]]
     """Counter set -> counter -> consumed by the devices claims hold."""
     allocated: Mapping[str, int]
-    """Counter set -> devices consuming it that claims hold (partitions, or the whole GPU)."""
+    """Counter set -> devices consuming it that claims hold (a MIG-mode GPU's partitions)."""
     memory_allocated: Mapping[str, int]
     """Counter set -> memory bytes of the held devices (not shared) that name it first."""
 

@@ -1,22 +1,31 @@
 """MIG (Multi-Instance GPU) as partitionable devices: profile tables and counter layouts.
 
-A MIG-partitioned GPU is published as the whole GPU plus one device per MIG placement the
-hardware allows. All of them consume the GPU's counter set, so the scheduler itself keeps
-allocations within what the GPU has (Kubernetes' partitionable devices, ``sharedCounters`` /
-``consumesCounters``; beta and on by default from 1.36):
+A GPU in MIG mode is published as one device per MIG placement the hardware allows, and not as
+the whole GPU: the agent never changes a GPU's MIG mode, and a container given the whole GPU of
+a MIG-mode GPU gets no MIG device to run on (NVIDIA's DRA driver announces only the partitions
+of a MIG-mode GPU whose mode it does not toggle, ``nvlib.go``). Every placement consumes the
+GPU's counter set, so the scheduler itself keeps allocations within what the GPU has
+(Kubernetes' partitionable devices, ``sharedCounters`` / ``consumesCounters``; beta and on by
+default from 1.36):
 
     memory-slice-<i>   1 each, i = 0..7: a placement takes the slices it occupies, so two
                        allocated placements never overlap (the GPU instance's position)
     compute-slices     7: a profile takes its compute slices (the ``<n>g`` of its name)
     media-extensions   1: only one ``+me`` instance may hold the media engines
 
-The whole GPU consumes every counter, so it excludes every partition and the other way round.
+GPU instances the agent did not make (``MigTable.foreign``: a layout of the GPU Operator's
+mig-manager, or made by hand) are left alone: the placements that cannot be created beside
+them are not offered, and the counter set holds only what they leave (their memory slices are
+not in it, their compute slices and media engines are taken off). A GPU whose placements could
+not be read (``MigTable.profiles`` empty: NVML refused an unprivileged agent) publishes nothing.
+
 Tables are NVIDIA's (MIG User Guide, "Supported MIG Profiles" for A100-SXM4-40GB and
 H100-SXM5-80GB): profile, memory and compute slices, and the placements (first memory slice)
 each profile may start at. Memory per profile is the nominal size of its name (``1g.5gb`` ->
 5Gi), which is what the simulated backend publishes; NVML reports slightly less.
 
-Pure: no NVML, no I/O. Backends build the whole-GPU device; this module adds the rest.
+Pure: no NVML, no I/O. Backends build each GPU's device; this module turns a MIG-mode GPU into
+its partitions.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
-from dra_gpu.devices import model
+from dra_gpu.devices import gpu_models, model
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -56,8 +65,13 @@ class MigProfile:
 
     @property
     def device_suffix(self) -> str:
-        """The profile in a DNS label: ``3g.20gb`` -> ``3g-20gb``, ``1g.5gb+me``: ``1g-5gb-me``."""
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        """The profile in a DNS label, distinct for every profile NVIDIA names: ``3g.20gb`` ->
+        ``3g-20gb``; a ``+<option>`` adds ``-<option>`` (``1g.5gb+me`` -> ``1g-5gb-me``,
+        ``1g.24gb+me.all`` -> ``1g-24gb-me-all``, ``+gfx`` -> ``-gfx``); a ``-<option>``
+        (without it) adds ``-no-<option>`` (``1g.24gb-me`` -> ``1g-24gb-no-me``). Names of
+        profiles without options, and of ``+me`` ones, are what earlier versions published
+        (a recorded claim names its device)."""
+        return profile_label(self.name)
 
     @property
     def memory(self) -> str:
@@ -74,38 +88,48 @@ class MigTable:
     model: str
     memory_gib: int
     profiles: tuple[MigProfile, ...]
+    foreign: tuple[Placement, ...] = ()
+    """Read from one GPU: the placements of GPU instances on it that the agent did not make.
+    They are left alone, and nothing that cannot be created beside them is offered."""
 
 
-A100_40GB = MigTable(
-    "A100-SXM4-40GB",
-    40,
-    (
-        MigProfile("1g.5gb", 5, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-        MigProfile("1g.5gb+me", 5, 1, 1, (0, 1, 2, 3, 4, 5, 6), media_extensions=True),
-        MigProfile("1g.10gb", 10, 2, 1, (0, 2, 4, 6)),
-        MigProfile("2g.10gb", 10, 2, 2, (0, 2, 4)),
-        MigProfile("3g.20gb", 20, 4, 3, (0, 4)),
-        MigProfile("4g.20gb", 20, 4, 4, (0,)),
-        MigProfile("7g.40gb", 40, 8, 7, (0,)),
-    ),
-)
-H100_80GB = MigTable(
-    "H100-SXM5-80GB",
-    80,
-    (
-        MigProfile("1g.10gb", 10, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-        MigProfile("1g.10gb+me", 10, 1, 1, (0, 1, 2, 3, 4, 5, 6), media_extensions=True),
-        MigProfile("1g.20gb", 20, 2, 1, (0, 2, 4, 6)),
-        MigProfile("2g.20gb", 20, 2, 2, (0, 2, 4)),
-        MigProfile("3g.40gb", 40, 4, 3, (0, 4)),
-        MigProfile("4g.40gb", 40, 4, 4, (0,)),
-        MigProfile("7g.80gb", 80, 8, 7, (0,)),
-    ),
-)
-TABLES: Mapping[str, MigTable] = {"A100-40GB": A100_40GB, "H100-80GB": H100_80GB}
-"""By the name a simulated profile uses (``mig: A100-40GB``)."""
+def table_of(gpu: gpu_models.GpuModel) -> MigTable:
+    """The partition table of a GPU model (``devices.gpu_models``: NVML's profiles, checked
+    against NVIDIA's go-nvml mocks), memory the nominal size of each profile's name."""
+    profiles = tuple(
+        MigProfile(
+            p.name,
+            p.nominal_gib,
+            p.memory_slices,
+            p.compute_slices,
+            p.starts,
+            media_extensions=p.media_extensions,
+        )
+        for p in gpu.profiles
+    )
+    return MigTable(gpu.mig_model, gpu.nominal_gib, profiles)
+
+
+A100_40GB = table_of(gpu_models.A100_40GB)
+H100_80GB = table_of(gpu_models.H100_80GB)
+TABLES: Mapping[str, MigTable] = {key: table_of(m) for key, m in gpu_models.MODELS.items()}
+"""By the name a simulated profile uses (``mig: A100-40GB``; every ``gpu_models.MODELS`` key)."""
 
 _MIG_UUIDS = uuid.uuid5(uuid.NAMESPACE_DNS, "mig.simulated.dra-gpu.io")
+_PROFILE_NAME = re.compile(r"(\d+g\.\d+gb)((?:[+-][a-z0-9]+(?:\.[a-z0-9]+)*)*)")
+_OPTION = re.compile(r"([+-])([a-z0-9]+(?:\.[a-z0-9]+)*)")
+
+
+def profile_label(name: str) -> str:
+    """``MigProfile.device_suffix`` of a profile named ``name``."""
+    match = _PROFILE_NAME.fullmatch(name.strip().lower())
+    if match is None:  # not NVIDIA's <c>g.<m>gb form: every run of other characters is a dash
+        return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    base, options = match.groups()
+    parts = [base.replace(".", "-")]
+    for sign, option in _OPTION.findall(options):
+        parts.append(("" if sign == "+" else "no-") + option.replace(".", "-"))
+    return "-".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,19 +182,34 @@ def partition_uuid(gpu: model.Device, placement: Placement) -> str:
     return f"MIG-{uuid.uuid5(_MIG_UUIDS, f'{gpu.uuid}/{partition_name(gpu, placement)}')}"
 
 
+def counter_set(gpu: model.Device, table: MigTable) -> model.CounterSet | None:
+    """The counter set of ``gpu``: everything the GPU has (each memory slice, its compute
+    slices, the media engines once) less what ``table.foreign`` instances hold; None if they
+    hold all of it."""
+    counters = gpu_counters()
+    for held in table.foreign:
+        for name, used in held.counters().items():
+            counters[name] = counters.get(name, 0) - used
+    left = {name: value for name, value in counters.items() if value > 0}
+    return model.CounterSet(counter_set_name(gpu), left) if left else None
+
+
+def offered(table: MigTable) -> list[Placement]:
+    """The placements of ``table`` that can be created beside its ``foreign`` instances."""
+    return [p for p in placements(table) if conflict(p, table.foreign) is None]
+
+
 def partitioned(
     gpu: model.Device, table: MigTable
-) -> tuple[model.CounterSet, tuple[model.Device, ...]]:
-    """The counter set of ``gpu`` and its devices: the whole GPU (consuming every counter)
-    first, then one device per placement of ``table``."""
-    counters = model.CounterSet(counter_set_name(gpu), gpu_counters())
-    whole = dataclasses.replace(
-        gpu,
-        attributes={**gpu.attributes, "type": model.StringValue("gpu")},
-        consumes={counters.name: dict(counters.counters)},
-    )
-    parts = [_partition(gpu, table, p, counters.name) for p in placements(table)]
-    return counters, (whole, *parts)
+) -> tuple[model.CounterSet | None, tuple[model.Device, ...]]:
+    """The counter set of ``gpu`` in MIG mode and its devices: one per placement of ``table``
+    that is offered (``offered``). Not the whole GPU. No counter set and no device when nothing
+    can be offered (no placement could be read, or others' instances take the GPU)."""
+    parts = offered(table)
+    counters = counter_set(gpu, table) if parts else None
+    if counters is None:
+        return None, ()
+    return counters, tuple(_partition(gpu, table, p, counters.name) for p in parts)
 
 
 def _partition(
@@ -205,7 +244,8 @@ def _partition(
 def partition_inventory(
     node: str, devices: Sequence[model.Device], tables: Mapping[str, MigTable]
 ) -> model.Inventory:
-    """``devices`` with each GPU named in ``tables`` (device name -> table) partitioned."""
+    """``devices`` with each GPU named in ``tables`` (device name -> table: a GPU in MIG mode)
+    replaced by its partitions."""
     out: list[model.Device] = []
     sets: list[model.CounterSet] = []
     for device in devices:
@@ -213,8 +253,9 @@ def partition_inventory(
         if table is None:
             out.append(device)
             continue
-        counter_set, parts = partitioned(device, table)
-        sets.append(counter_set)
+        counters, parts = partitioned(device, table)
+        if counters is not None:
+            sets.append(counters)
         out.extend(parts)
     return model.Inventory(node, tuple(out), tuple(sets))
 

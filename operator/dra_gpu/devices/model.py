@@ -18,13 +18,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from dra_gpu import quantities, semvers
-from dra_gpu.devices.health import Fault, Taint
+from dra_gpu.devices.health import Fault, Reset, Taint
+
+if TYPE_CHECKING:
+    from dra_gpu.devices import edits
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 """The standard attribute for a device's PCI address (a third-party name: it carries a domain)."""
@@ -278,10 +281,31 @@ class Sharing:
     mode: str
     """One of ``SHARING_MODES``."""
     memory: MemoryPolicy
+    active_thread_percentage: int | None = None
+    """MPS: the share of the GPU's threads each client may use (1-100; None: all)."""
+    time_slice: str | None = None
+    """TimeSlicing: one of ``TIME_SLICES``, set on the GPU while it is shared (None: left as
+    the GPU has it)."""
 
     def __post_init__(self) -> None:
         if self.mode not in SHARING_MODES:
             raise InventoryError(f"mode: {self.mode!r} is not one of {', '.join(SHARING_MODES)}")
+        pct = self.active_thread_percentage
+        if pct is not None and (self.mode != "MPS" or not 1 <= pct <= 100):
+            raise InventoryError(
+                f"activeThreadPercentage: {pct!r} needs mode MPS and a value from 1 to 100"
+            )
+        if self.time_slice is not None and (
+            self.mode != "TimeSlicing" or self.time_slice not in TIME_SLICES
+        ):
+            raise InventoryError(
+                f"timeSlice: {self.time_slice!r} needs mode TimeSlicing and one of "
+                f"{', '.join(TIME_SLICES)}"
+            )
+
+
+TIME_SLICES = ("Default", "Short", "Medium", "Long")
+"""``nvidia-smi compute-policy --set-timeslice`` values 0-3, as NVIDIA's DRA driver names them."""
 
 
 # --- devices and inventories ---------------------------------------------------------------------
@@ -457,11 +481,24 @@ class Inventory:
                     )
 
     def without_partitions(self) -> Inventory:
-        """The whole devices only, consuming nothing: what an API server without partitionable
-        devices (DRAPartitionableDevices off: Kubernetes 1.35) can allocate safely."""
-        whole = tuple(
-            dataclasses.replace(d, consumes={}) for d in self.devices if d.partition_of is None
-        )
+        """What an API server without partitionable devices (DRAPartitionableDevices off:
+        Kubernetes 1.35) can allocate safely, consuming nothing: the whole devices, and of each
+        counter set that no whole device consumes (a GPU in MIG mode, published as partitions
+        only) the one partition that excludes all the others (the largest: its full-size
+        ``7g`` placement), so at most one claim holds that GPU at a time."""
+        kept = {d.name for d in self.devices if d.partition_of is None}
+        by_set: dict[str, list[Device]] = {}
+        for device in self.devices:
+            for set_name in device.consumes:
+                by_set.setdefault(set_name, []).append(device)
+        sets = {s.name: s for s in self.counter_sets}
+        for set_name, consumers in by_set.items():
+            if any(d.name in kept for d in consumers) or set_name not in sets:
+                continue
+            alone = [d for d in consumers if _excludes_all(d, consumers, sets)]
+            if alone:
+                kept.add(max(alone, key=lambda d: (d.memory_bytes or 0, d.name)).name)
+        whole = tuple(dataclasses.replace(d, consumes={}) for d in self.devices if d.name in kept)
         return Inventory(self.node, whole)
 
     def without_sharing(self) -> Inventory:
@@ -477,23 +514,47 @@ class Inventory:
         return MappingProxyType({d.name: d for d in self.devices})
 
 
+def _excludes_all(device: Device, others: list[Device], sets: Mapping[str, CounterSet]) -> bool:
+    """Whether no device of ``others`` can be allocated beside ``device`` (their consumption
+    together exceeds a counter of a set they share)."""
+    for other in others:
+        if other is device:
+            continue
+        clash = False
+        for set_name, counters in device.consumes.items():
+            theirs = other.consumes.get(set_name, {})
+            defined = sets[set_name].counters if set_name in sets else {}
+            if any(
+                counters.get(c, 0) + theirs.get(c, 0) > defined.get(c, 0)
+                for c in {*counters, *theirs}
+            ):
+                clash = True
+                break
+        if not clash:
+            return False
+    return True
+
+
 class Backend(Protocol):
     """Where an agent's devices come from. ``inventory`` never blocks the event loop.
 
-    A backend also says how a container sees a device it was given (``container_env``): the
-    agent puts that into the claim's CDI spec and knows no backend by name, so a new backend
-    is one new module here.
+    A backend also says what a container given a claim's devices gets (``container_edits``):
+    the agent puts that into the claim's CDI spec and knows no backend by name, so a new
+    backend is one new module here.
     """
 
     async def inventory(self) -> Inventory: ...
 
-    def container_env(self, position: int, device: Device) -> dict[str, str]:
-        """Environment for a container given ``device``, the ``position``-th device of a claim."""
+    async def container_edits(self, devices: Sequence[edits.GivenDevice]) -> edits.ClaimEdits:
+        """What a container given ``devices`` (one claim's, in allocation order) gets: the
+        claim-wide part once, and one ``Edits`` per device (``devices.edits``). Raises
+        ``InventoryError`` naming the device when it cannot be said (a node file missing)."""
         ...
 
-    async def faults(self) -> tuple[Fault, ...]:
+    async def faults(self) -> tuple[Fault | Reset, ...]:
         """Faults seen since the last call (NVML events) and those still going on (a lost GPU,
-        an entry of the simulated faults file). Called every few seconds; never blocks."""
+        an entry of the simulated faults file), and the GPUs seen reset since (``Reset``: their
+        reset-needing taints go). Called every few seconds; never blocks."""
         ...
 
     async def aclose(self) -> None: ...
@@ -530,18 +591,44 @@ class MigInstance:
         return f"{self.placement} (GPU instance {self.gpu_instance}, {self.uuid or 'no CI'})"
 
 
+@dataclasses.dataclass(frozen=True)
+class MigRefusal:
+    """A GPU in MIG mode whose MIG instances this agent may not manage: NVML answered
+    ``NVML_ERROR_NO_PERMISSION`` (an agent without ``CAP_SYS_ADMIN`` and
+    ``NVIDIA_MIG_CONFIG_DEVICES``). Its partitions are not published: none could be prepared."""
+
+    gpu: str
+    """The GPU's device name (``gpu-0``)."""
+    uuid: str
+    call: str
+    """The NVML function that refused (``nvmlDeviceGetGpuInstancePossiblePlacements``)."""
+    error: str
+    """NVML's message (``Insufficient Permissions``)."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.gpu} ({self.uuid}) is in MIG mode, but NVML refused "
+            f"{self.call} ({self.error}): creating and destroying MIG instances needs a "
+            f"privileged agent (CAP_SYS_ADMIN and NVIDIA_MIG_CONFIG_DEVICES=all; chart value "
+            f"agent.mig.manage=true), so none of its partitions is published"
+        )
+
+
 @runtime_checkable
 class MigInstances(Protocol):
     """An optional backend capability: MIG instances made and unmade on the node's GPUs.
 
     A backend that publishes MIG partitions has it; the agent asks ``isinstance(backend,
-    MigInstances)`` and knows no backend by name. The agent owns the MIG instances of every GPU
-    it publishes partitioned: one per prepared partition, and no other. All three methods block
-    nothing on the event loop and raise ``InventoryError`` naming the GPU and what failed.
+    MigInstances)`` and knows no backend by name. The agent owns the MIG instances it made: one
+    per prepared partition; others' instances (a layout of the GPU Operator's mig-manager) are
+    left alone unless the agent is told it owns the layout (``--mig-own-layout``). The async
+    methods block nothing on the event loop and raise ``InventoryError`` naming the GPU and
+    what failed; the others only read or set what the backend keeps in memory.
     """
 
     async def mig_instances(self) -> tuple[MigInstance, ...]:
-        """Every MIG instance on the node's partitioned GPUs now."""
+        """Every MIG instance on the node's partitioned GPUs now (none of a GPU that refuses to
+        list them: ``mig_refusals``)."""
         ...
 
     async def create_mig_instance(self, placement: MigPlacement) -> MigInstance:
@@ -552,6 +639,17 @@ class MigInstances(Protocol):
     async def destroy_mig_instance(self, instance: MigInstance) -> None:
         """Destroy the compute instance, then the GPU instance; one that is gone already (a
         reboot, a retried call) is not an error."""
+        ...
+
+    def adopt_mig_instances(self, placements: Collection[MigPlacement]) -> None:
+        """The instances at ``placements`` are the agent's (its checkpoint records them), as
+        are those it creates from now on: any other instance on a GPU is someone else's, left
+        alone, and no partition that cannot be created beside it is published."""
+        ...
+
+    def mig_refusals(self) -> tuple[MigRefusal, ...]:
+        """The GPUs in MIG mode whose instances NVML refused to list or manage when last
+        asked (no privileges); their partitions are not published."""
         ...
 
 

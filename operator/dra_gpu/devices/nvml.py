@@ -9,17 +9,29 @@ an empty inventory would publish an empty pool and the user would only see "cann
 
 Health: once ``faults()`` is first called, a daemon thread (``nvml-events``) waits on an NVML
 event set for critical XIDs and double-bit ECC errors on every GPU (what each GPU supports) and
-queues them as ``health.Fault``s, classified by the XID policy; ``faults()`` drains that queue and
-polls what has no event: a GPU that answers ``GPU_IS_LOST`` is a ``lost`` fault for as long as it
-does. The thread wakes at least once a second, so ``aclose()`` ends it before shutting NVML down.
+queues them as ``health.Fault``s, classified by the XID policy; a GPU whose registration NVML
+refuses is unmonitored (``monitored()``) and the others are watched. Events are matched to GPUs
+by the handle registered (a lost GPU no longer tells its UUID), and a MIG-scoped XID (its GPU
+instance id) to the partition device of that instance. ``faults()`` drains that queue and polls
+what has no event: a GPU that answers ``GPU_IS_LOST`` (or, read before, no longer tells its
+UUID) is a ``lost`` fault for as long as it does, and a ``health.Reset`` once it answers again;
+NVML's recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``) is a ``recovery`` fault while it
+asks for a reset, and a ``Reset`` once it is back to none. The inventory publishes a lost GPU as
+it was last read well, so its taint reaches the slice and the other GPUs keep being published.
+The thread wakes at least once a second, so ``aclose()`` ends it before shutting NVML down.
 
 MIG: a GPU whose current MIG mode is on is published partitioned (``devices.mig``): its GPU
 instance profiles and their possible placements are read from NVML
 (``nvmlDeviceGetGpuInstanceProfileInfo``, ``nvmlDeviceGetGpuInstancePossiblePlacements``), each
 partition's memory as NVML reports it. The backend has the ``model.MigInstances`` capability:
 it creates a GPU instance at a placement with one compute instance spanning it, names it by its
-MIG device's UUID, lists the GPU instances of every profile, and destroys them. The agent owns
-the MIG configuration of GPUs in MIG mode: instances it did not create are destroyed at start.
+MIG device's UUID, lists the GPU instances of every profile, and destroys them. Instances the
+agent did not make (``adopt_mig_instances`` names the ones its checkpoint records) are someone
+else's: the placements that cannot be created beside them are not published. Listing placements
+and instances, creating and destroying them need a privileged caller (``nvml.h``: "Requires
+privileged user"); a GPU whose calls answer ``NO_PERMISSION`` publishes no partition and is
+reported (``mig_refusals``) naming the call and the chart value that grants the privileges, and
+every other GPU is published as usual.
 
 Sharing: the GPUs the agent's ``--shared-gpus`` setting names (``devices.sharing``) are offered
 to several claims at once, each with a memory share, exactly as a simulated GPU with ``sharing``
@@ -36,15 +48,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
+import dataclasses
 import importlib
 import logging
 import re
+import subprocess
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
-from dra_gpu.devices import health, mig, model, sharing
+from dra_gpu.devices import edits, health, mig, model, nvml_cdi, pci, sharing
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
@@ -52,6 +68,10 @@ EVENT_WAIT_MS = 1000
 """How long one nvmlEventSetWait_v2 blocks: the longest ``aclose()`` waits for the thread."""
 MAX_QUEUED_FAULTS = 1024
 """Faults kept between two ``faults()`` calls; older ones are dropped (a storm of one XID)."""
+WATCH_RESTART_SECONDS = 60.0
+"""An event thread that ended (NVML gave no event set) is started again at most this often."""
+NO_INSTANCE = 0xFFFFFFFF
+"""``nvmlEventData_t.gpuInstanceId`` of an event not attributable to one MIG GPU instance."""
 
 # Values of nvmlBrandType_t and nvmlDeviceArchitecture_t from nvml.h; they are ABI and stable.
 _BRANDS = {
@@ -121,6 +141,15 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any: ...
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]: ...
 
+    # CDI device nodes and MPS (nvml.h: nvmlDeviceGetMinorNumber, nvmlDeviceSetComputeMode).
+    @property
+    def NVML_COMPUTEMODE_DEFAULT(self) -> int: ...
+    @property
+    def NVML_COMPUTEMODE_EXCLUSIVE_PROCESS(self) -> int: ...
+
+    def nvmlDeviceGetMinorNumber(self, device: Any) -> int: ...
+    def nvmlDeviceSetComputeMode(self, device: Any, mode: int) -> None: ...
+
     # Health events (nvml.h: nvmlEventSet*, nvmlDeviceRegisterEvents).
     @property
     def NVML_ERROR_TIMEOUT(self) -> int: ...
@@ -137,9 +166,17 @@ class NvmlApi(Protocol):
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any: ...
     def nvmlEventSetFree(self, eventSet: Any) -> None: ...
 
+    # Health polls (nvml.h: nvmlDeviceGetFieldValues, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
+    @property
+    def NVML_FI_DEV_GET_GPU_RECOVERY_ACTION(self) -> int: ...
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Any: ...
+
     # MIG (nvml.h: GPU instances, compute instances, MIG device handles).
     @property
     def NVML_ERROR_NOT_FOUND(self) -> int: ...
+    @property
+    def NVML_ERROR_NO_PERMISSION(self) -> int: ...
     @property
     def NVML_ERROR_INVALID_ARGUMENT(self) -> int: ...
     @property
@@ -197,8 +234,18 @@ class NvmlBackend:
         *,
         xids: health.XidPolicy | None = None,
         shared_gpus: sharing.SharedGpus | None = None,
+        driver_root: Path = Path("/"),
+        nvidia_smi: str = "nvidia-smi",
+        sysfs: Path = pci.SYSFS,
     ) -> None:
         self.node = node
+        self.sysfs = sysfs
+        """Where each GPU's PCIe root and NUMA node are read (``devices.pci``)."""
+        self.driver_root = driver_root
+        """Where the driver's ``/dev`` nodes and ``/proc/driver`` files are read (CDI edits)."""
+        self.nvidia_smi = nvidia_smi
+        """Runs ``compute-policy --set-timeslice`` for TimeSlicing GPUs."""
+        self._minors: dict[int, int] = {}  # NVML index -> /dev/nvidia<minor> (last inventory)
         self.xids = xids or health.XidPolicy()
         self.shared_gpus = shared_gpus or sharing.SharedGpus()
         self._logged: set[str] = set()  # notes on the setting, each logged once
@@ -207,21 +254,71 @@ class NvmlBackend:
         self._nvml = nvml if nvml is not None else cast(NvmlApi, importlib.import_module("pynvml"))
         self._lock = threading.Lock()  # overlapping inventory() calls run in different threads
         self._initialised = False
-        self._events: collections.deque[health.Fault] = collections.deque(maxlen=MAX_QUEUED_FAULTS)
+        self._events: collections.deque[health.Fault | health.Reset] = collections.deque(
+            maxlen=MAX_QUEUED_FAULTS
+        )
         self._watcher: threading.Thread | None = None
         self._stop_watching = threading.Event()
         self._watching = threading.Event()  # set once the event set is registered (tests wait)
+        self._watch_started = 0.0  # time.monotonic() of the last start of the event thread
+        self._known: dict[int, _Reading] = {}
+        """NVML index -> the GPU as last read: a lost GPU is published from it (tainted)."""
+        self._last_inventory: model.Inventory | None = None
+        self._lost: set[int] = set()  # GPUs the last health poll found lost
+        self._recovery: dict[int, int] = {}  # the last recovery action NVML reported per GPU
+        self._monitored: dict[str, bool] = {}  # GPU -> its events registered (the event thread)
+        self._mig_refused: dict[int, model.MigRefusal] = {}  # MIG-mode GPUs refusing us
+        self._mig_held: set[model.MigPlacement] = set()  # instances that are the agent's
 
     async def inventory(self) -> model.Inventory:
         return await asyncio.to_thread(self._read_blocking)
 
-    def container_env(self, position: int, device: model.Device) -> dict[str, str]:
-        """``NVIDIA_VISIBLE_DEVICES=<uuid>``, which the NVIDIA container runtime reads.
+    async def container_edits(self, devices: Sequence[edits.GivenDevice]) -> edits.ClaimEdits:
+        """A claim's CDI edits as NVIDIA's toolkit (``nvcdi``) and DRA driver write them
+        (``devices.nvml_cdi``): ``NVIDIA_VISIBLE_DEVICES`` and the control nodes once, each GPU's
+        ``/dev/nvidia<minor>``, a MIG device's capability nodes."""
+        minors = dict(self._minors)
+        return await asyncio.to_thread(
+            nvml_cdi.claim_edits, self.driver_root, devices, minors, self._log_once
+        )
 
-        Every device sets the same variable, so a container given two GPUs of one claim keeps
-        only one value; several GPUs per container need device nodes in the spec, not this
-        variable."""
-        return {"NVIDIA_VISIBLE_DEVICES": device.uuid}
+    async def set_compute_mode(self, device: str, uuid: str, exclusive: bool) -> None:
+        """``EXCLUSIVE_PROCESS`` (one process, the MPS server, on the GPU) or ``DEFAULT``
+        (``nvmlDeviceSetComputeMode``, as ``nvidia-smi -c``; needs root). ``agent.mps``."""
+        await asyncio.to_thread(self._set_compute_mode_blocking, device, exclusive)
+
+    def _set_compute_mode_blocking(self, device: str, exclusive: bool) -> None:
+        nvml = self._nvml
+        mode = (
+            nvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else nvml.NVML_COMPUTEMODE_DEFAULT
+        )
+        with self._lock:
+            self._init_locked()
+            index, handle = self._mig_gpu(device)
+            self._nv("nvmlDeviceSetComputeMode", index, handle, mode)
+
+    async def set_time_slice(self, device: str, uuid: str, time_slice: str) -> None:
+        """``nvidia-smi compute-policy -i <uuid> --set-timeslice <0-3>``, as NVIDIA's driver."""
+        await asyncio.to_thread(self._set_time_slice_blocking, device, uuid, time_slice)
+
+    def _set_time_slice_blocking(self, device: str, uuid: str, time_slice: str) -> None:
+        argv = [
+            self.nvidia_smi,
+            "compute-policy",
+            "-i",
+            uuid,
+            "--set-timeslice",
+            str(model.TIME_SLICES.index(time_slice)),
+        ]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise model.InventoryError(f"{device}: {' '.join(argv)}: {err}") from None
+        if done.returncode != 0:
+            raise model.InventoryError(
+                f"{device}: {' '.join(argv)} exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._shutdown_blocking)
@@ -237,64 +334,130 @@ class NvmlBackend:
     ) -> None:
         await self.aclose()
 
-    async def faults(self) -> tuple[health.Fault, ...]:
+    async def faults(self) -> tuple[health.Fault | health.Reset, ...]:
         return await asyncio.to_thread(self._faults_blocking)
 
-    def _faults_blocking(self) -> tuple[health.Fault, ...]:
+    def monitored(self) -> dict[str, bool]:
+        """GPU name -> whether its XID/ECC events are registered (``health.Monitored``)."""
+        return dict(self._monitored)
+
+    def _faults_blocking(self) -> tuple[health.Fault | health.Reset, ...]:
+        """(In a thread.) The events queued since the last call, then what each GPU says now:
+        lost (``GPU_IS_LOST``, or a UUID lookup that fails for a GPU read before), NVML's
+        recovery action, and a reset (a lost GPU that answers again, a recovery action back to
+        none). One GPU's failure is logged and never hides the others."""
         nvml = self._nvml
-        lost: list[health.Fault] = []
+        polled: list[health.Fault | health.Reset] = []
         with self._lock:
             self._init_locked()
-            if self._watcher is None or not self._watcher.is_alive():
-                self._stop_watching.clear()
-                self._watcher = threading.Thread(
-                    target=self._watch_blocking, name="nvml-events", daemon=True
-                )
-                self._watcher.start()
+            self._start_watching_locked()
             count = self._call("nvmlDeviceGetCount", None, nvml.nvmlDeviceGetCount)
             for index in range(count):
-                try:
-                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                    nvml.nvmlDeviceGetUUID(handle)
-                except nvml.NVMLError as err:
-                    if getattr(err, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
-                        lost.append(health.lost_fault(f"gpu-{index}", f"NVML: {err}"))
-                    else:
-                        log.warning("%s: polling its health failed: %s", self._where(index), err)
-        queued: list[health.Fault] = []
+                polled += self._poll_gpu_locked(index)
+        queued: list[health.Fault | health.Reset] = []
         while self._events:
             queued.append(self._events.popleft())
-        return (*queued, *lost)
+        return (*queued, *polled)
+
+    def _start_watching_locked(self) -> None:
+        if self._watcher is not None and self._watcher.is_alive():
+            return
+        now = time.monotonic()
+        if self._watcher is not None and now - self._watch_started < WATCH_RESTART_SECONDS:
+            return  # it ended (no event set): try again later, not on every poll
+        self._watch_started = now
+        self._stop_watching.clear()
+        self._watcher = threading.Thread(
+            target=self._watch_blocking, name="nvml-events", daemon=True
+        )
+        self._watcher.start()
+
+    def _poll_gpu_locked(self, index: int) -> list[health.Fault | health.Reset]:
+        nvml = self._nvml
+        name = f"gpu-{index}"
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            nvml.nvmlDeviceGetUUID(handle)
+        except nvml.NVMLError as err:
+            if _code(err) == nvml.NVML_ERROR_GPU_IS_LOST or index in self._known:
+                self._lost.add(index)
+                return [self.xids.lost_fault(name, f"the GPU is lost (NVML: {err})")]
+            log.warning("%s: polling its health failed: %s", self._where(index), err)
+            return []
+        found: list[health.Fault | health.Reset] = []
+        if index in self._lost:
+            self._lost.discard(index)
+            found.append(health.Reset(name, "the GPU answers NVML again (reset or re-attached)"))
+        action = self._recovery_action(index, handle)
+        before = self._recovery.get(index, 0)
+        if action is not None:
+            self._recovery[index] = action
+            if action:
+                value = health.RECOVERY_ACTIONS.get(action, f"action-{action}")
+                found.append(
+                    self.xids.recovery_fault(name, value, f"NVML: recovery action {value}")
+                )
+            elif before:
+                found.append(health.Reset(name, "NVML's recovery action is back to none"))
+        return found
+
+    def _recovery_action(self, index: int, handle: Any) -> int | None:
+        """NVML's GPU recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION); None where the
+        driver does not report it (then only an operator clears a reset-needing taint)."""
+        nvml = self._nvml
+        try:
+            field = nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+            [value] = nvml.nvmlDeviceGetFieldValues(handle, [field])
+        except (nvml.NVMLError, AttributeError) as err:
+            answer: object = err
+        else:
+            if value.nvmlReturn == 0:
+                return int(value.value.uiVal)
+            answer = f"NVML error {value.nvmlReturn}"
+        self._log_once(
+            logging.INFO,
+            f"GPU {index}: NVML reports no recovery action ({answer}): a reset-needing taint "
+            "clears when the GPU answers again after being lost, or when an operator clears it",
+        )
+        return None
 
     def _watch_blocking(self) -> None:
-        """The event thread: register every GPU, then wait for events until told to stop."""
+        """The event thread: register every GPU it can, then wait for events until told to
+        stop. A GPU whose registration NVML refuses is left unmonitored (logged once, the
+        ``monitored()`` map says so) and the others are watched; events are matched to GPUs
+        by the handle registered, so a lost GPU, which no longer tells its UUID, is still
+        named."""
         nvml = self._nvml
         wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
         try:
             event_set = nvml.nvmlEventSetCreate()
         except nvml.NVMLError as err:
-            log.error("node %s: NVML events unavailable (no XID or ECC taints): %s", self.node, err)
+            self._log_once(logging.ERROR, f"NVML events unavailable (no XID or ECC taints): {err}")
             return
         try:
-            names: dict[str, str] = {}
+            handles: dict[Any, int] = {}
             for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                names[_text(nvml.nvmlDeviceGetUUID(handle))] = f"gpu-{index}"
-                supported = nvml.nvmlDeviceGetSupportedEventTypes(handle) & wanted
-                if supported:
-                    nvml.nvmlDeviceRegisterEvents(handle, supported, event_set)
-                else:
-                    log.warning("%s: reports no XID or ECC events", self._where(index))
+                handle = self._register_blocking(index, wanted, event_set)
+                if handle is not None:
+                    handles[_handle_key(handle)] = index
             self._watching.set()
             while not self._stop_watching.is_set():
                 try:
                     data = nvml.nvmlEventSetWait_v2(event_set, EVENT_WAIT_MS)
                 except nvml.NVMLError as err:
-                    if getattr(err, "value", None) != nvml.NVML_ERROR_TIMEOUT:
+                    if _code(err) == nvml.NVML_ERROR_GPU_IS_LOST:
+                        log.warning("node %s: NVML events: a GPU is lost (%s)", self.node, err)
+                    elif _code(err) != nvml.NVML_ERROR_TIMEOUT:
                         log.warning("node %s: waiting for NVML events failed: %s", self.node, err)
                         self._stop_watching.wait(EVENT_WAIT_MS / 1000)
                     continue
-                fault = self._fault_of(data, names)
+                try:
+                    fault = self._fault_of(data, handles)
+                except Exception as err:  # one event that cannot be read stops nothing
+                    log.warning(
+                        "node %s: an NVML event %r could not be read: %s", self.node, data, err
+                    )
+                    continue
                 if fault is not None:
                     log.warning("node %s: %s: %s", self.node, fault.device, fault.message)
                     self._events.append(fault)
@@ -307,19 +470,72 @@ class NvmlBackend:
             except nvml.NVMLError as err:
                 log.warning("node %s: freeing the NVML event set failed: %s", self.node, err)
 
-    def _fault_of(self, data: Any, names: dict[str, str]) -> health.Fault | None:
+    def _register_blocking(self, index: int, wanted: int, event_set: Any) -> Any:
+        """GPU ``index``'s handle once its XID/ECC events are registered; None if NVML refused
+        (``NOT_SUPPORTED`` on an old GPU, a lost GPU): that GPU only is unmonitored."""
         nvml = self._nvml
+        name = f"gpu-{index}"
         try:
-            name = names.get(_text(nvml.nvmlDeviceGetUUID(data.device)))
-        except nvml.NVMLError:
-            name = None  # a lost GPU no longer says who it is; the lost poll names it
-        if name is None:
-            log.warning("node %s: an NVML event for an unknown GPU: %r", self.node, data)
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            supported = nvml.nvmlDeviceGetSupportedEventTypes(handle) & wanted
+            if not supported:
+                raise model.InventoryError("it reports no XID or ECC events")
+            nvml.nvmlDeviceRegisterEvents(handle, supported, event_set)
+        except (nvml.NVMLError, model.InventoryError) as err:
+            self._monitored[name] = False
+            self._log_once(
+                logging.WARNING,
+                f"GPU {index}: not monitored for XIDs and ECC errors ({err}); the other GPUs "
+                "are, and a lost GPU is still noticed",
+            )
             return None
+        self._monitored[name] = True
+        return handle
+
+    def _fault_of(self, data: Any, handles: dict[Any, int]) -> health.Fault | None:
+        nvml = self._nvml
+        index = handles.get(_handle_key(data.device))
+        if index is None:
+            log.warning("node %s: an NVML event for a GPU not registered: %r", self.node, data)
+            return None
+        name = f"gpu-{index}"
         if data.eventType & nvml.nvmlEventTypeXidCriticalError:
-            return self.xids.fault(name, int(data.eventData), f"XID {data.eventData} (NVML)")
+            xid = int(data.eventData)
+            gpu_instance = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
+            message = f"XID {xid} (NVML)"
+            if gpu_instance != NO_INSTANCE and self._is_mig(index):
+                partition = self._partition_at(index, gpu_instance)
+                message = f"XID {xid} (NVML, GPU instance {gpu_instance})"
+                if partition is None:
+                    message += ", which no partition is published for: the whole GPU is tainted"
+                else:
+                    name = partition
+            return self.xids.fault(name, xid, message)
         if data.eventType & nvml.nvmlEventTypeDoubleBitEccError:
-            return health.ecc_fault(name, "double-bit ECC error (NVML)")
+            return self.xids.ecc_fault(name, "double-bit ECC error (NVML)")
+        return None
+
+    def _is_mig(self, index: int) -> bool:
+        known = self._known.get(index)
+        return known is not None and known.table is not None
+
+    def _partition_at(self, index: int, gpu_instance: int) -> str | None:
+        """(In the event thread.) The partition device of GPU ``index`` whose MIG instance is
+        GPU instance ``gpu_instance`` now; None if there is none (or NVML cannot say)."""
+        try:
+            with self._lock:
+                handle = self._nv("nvmlDeviceGetHandleByIndex", index, index)
+                instances = self._instances_of(index, handle)
+        except model.InventoryError as err:
+            log.warning("node %s: the MIG instances of GPU %d: %s", self.node, index, err)
+            return None
+        placements = {i.placement for i in instances if i.gpu_instance == gpu_instance}
+        inventory = self._last_inventory
+        if not placements or inventory is None:
+            return None
+        for device in inventory.devices:
+            if mig.placement_of(device) in placements:
+                return device.name
         return None
 
     def _shutdown_blocking(self) -> None:
@@ -349,15 +565,58 @@ class NvmlBackend:
                 "nvmlSystemGetCudaDriverVersion_v2", None, nvml.nvmlSystemGetCudaDriverVersion_v2
             )
             count = self._call("nvmlDeviceGetCount", None, nvml.nvmlDeviceGetCount)
-            devices = tuple(self._read_gpu(index, driver, cuda, tables) for index in range(count))
-        for name in self.shared_gpus.absent(dict(enumerate(d.uuid for d in devices))):
+            read: dict[int, model.Device] = {}
+            for index in range(count):
+                device = self._read_or_recall_locked(index, driver, cuda, tables)
+                if device is not None:
+                    read[index] = device
+        devices = tuple(read.values())
+        for name in self.shared_gpus.absent({i: d.uuid for i, d in read.items()}):
             self._log_once(
                 logging.INFO, f"{self.shared_gpus.source}: {name} is not on this node: passed over"
             )
         try:
-            return mig.partition_inventory(self.node, devices, tables)
+            inventory = mig.partition_inventory(self.node, devices, tables)
         except model.InventoryError as err:
             raise model.InventoryError(f"node {self.node}: MIG partitions: {err}") from None
+        self._last_inventory = inventory
+        return inventory
+
+    def _read_or_recall_locked(
+        self, index: int, driver: str, cuda: int | None, tables: dict[str, mig.MigTable]
+    ) -> model.Device | None:
+        """GPU ``index`` as NVML reads it now. A lost GPU (``GPU_IS_LOST`` from any call, or a
+        UUID NVML no longer tells for a GPU read before) is the GPU as last read, so the slice
+        keeps it and the health monitor's ``lost`` taint reaches it; one never read is left out
+        (logged) until it answers. Any other failure fails the inventory, as before."""
+        try:
+            device = self._read_gpu(index, driver, cuda, tables)
+        except model.InventoryError as err:
+            if not self._is_lost(index):
+                raise
+            known = self._known.get(index)
+            if known is None:
+                self._log_once(
+                    logging.WARNING,
+                    f"GPU {index} is lost and was never read ({err}): left out until it answers",
+                )
+                return None
+            self._log_once(
+                logging.WARNING, f"GPU {index} is lost ({err}): published as last read, tainted"
+            )
+            if known.table is not None:
+                tables[known.device.name] = known.table
+            return known.device
+        self._known[index] = _Reading(device, tables.get(device.name))
+        return device
+
+    def _is_lost(self, index: int) -> bool:
+        nvml = self._nvml
+        try:
+            nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+        except nvml.NVMLError as err:
+            return _code(err) == nvml.NVML_ERROR_GPU_IS_LOST or index in self._known
+        return False
 
     def _read_gpu(
         self, index: int, driver: str, cuda: int | None, tables: dict[str, mig.MigTable]
@@ -381,16 +640,18 @@ class NvmlBackend:
         )
         bus_id = _text(call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo).busId)
         memory_bytes = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo).total
+        try:  # the GPU's /dev/nvidia<minor>, for the claims' CDI specs; not for publishing
+            self._minors[index] = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        except nvml.NVMLError as err:
+            self._log_once(logging.WARNING, f"GPU {index}: no device minor from NVML: {err}")
         # MIG mode is "not supported" on GPUs without MIG: that is the answer "not capable".
         mig_mode = self._optional("nvmlDeviceGetMigMode", index, nvml.nvmlDeviceGetMigMode, handle)
         mig_on = mig_mode is not None and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE
         if mig_on:
-            profiles = self._mig_profiles(index, handle)
-            tables[f"gpu-{index}"] = mig.MigTable(
-                product_name,
-                memory_bytes // 2**30,
-                tuple(profile for _, profile in profiles.values()),
-            )
+            table = self._mig_table(index, handle, uuid, product_name, memory_bytes)
+            tables[f"gpu-{index}"] = table
+        else:
+            self._mig_refused.pop(index, None)
         try:
             device = model.gpu_device(
                 index=index,
@@ -405,6 +666,10 @@ class NvmlBackend:
                 mig_capable=mig_mode is not None,
                 pci_bus_id=pci_bus_id(bus_id),
             )
+            # The standard topology attributes (pcieRoot, numaNode), as sysfs gives them.
+            topology = pci.topology(pci_bus_id(bus_id), self.sysfs)
+            if topology:
+                device = dataclasses.replace(device, attributes={**device.attributes, **topology})
             entry = self.shared_gpus.entry_for(index, uuid)
             if entry is None:
                 return device
@@ -431,6 +696,59 @@ class NvmlBackend:
 
     async def destroy_mig_instance(self, instance: model.MigInstance) -> None:
         await asyncio.to_thread(self._destroy_blocking, instance)
+
+    def adopt_mig_instances(self, placements: Collection[model.MigPlacement]) -> None:
+        # Replaced whole (no lock on the event loop): called at start, before any prepare.
+        self._mig_held = set(placements)
+
+    def mig_refusals(self) -> tuple[model.MigRefusal, ...]:
+        return tuple(self._mig_refused[i] for i in sorted(self._mig_refused))
+
+    def _mig_table(
+        self, index: int, handle: Any, uuid: str, product_name: str, memory_bytes: int
+    ) -> mig.MigTable:
+        """The MIG table of GPU ``index`` in MIG mode: its profiles and placements, and the
+        placements of instances that are not the agent's. Without the privileges to read them,
+        a table without profiles (nothing published), and the refusal kept and logged once."""
+        try:
+            profiles = self._mig_profiles(index, handle)
+            present = self._instances_of(index, handle, profiles)
+        except model.InventoryError as err:
+            refusal = self._refusal(index, uuid, err)
+            if refusal is None:
+                raise
+            self._log_once(logging.WARNING, str(refusal))
+            return mig.MigTable(product_name, memory_bytes // 2**30, ())
+        self._mig_refused.pop(index, None)
+        foreign = tuple(
+            mig.Placement(profiles[i.placement.profile][1], i.placement.start)
+            for i in present
+            if i.placement not in self._mig_held
+        )
+        return mig.MigTable(
+            product_name,
+            memory_bytes // 2**30,
+            tuple(profile for _, profile in profiles.values()),
+            foreign=foreign,
+        )
+
+    def _refusal(self, index: int, uuid: str, err: model.InventoryError) -> model.MigRefusal | None:
+        """The refusal ``err`` is (an NVML call answered ``NO_PERMISSION``), now kept for
+        ``mig_refusals``; None for any other error."""
+        cause = err.__cause__
+        nvml = self._nvml
+        if not isinstance(cause, nvml.NVMLError) or _code(cause) != nvml.NVML_ERROR_NO_PERMISSION:
+            return None
+        call = str(err).split(": NVML ", 1)[-1].split(" failed", 1)[0]
+        refusal = model.MigRefusal(f"gpu-{index}", uuid, call, str(cause))
+        self._mig_refused[index] = refusal
+        return refusal
+
+    def _uuid_of(self, index: int, handle: Any) -> str:
+        try:
+            return _text(self._nvml.nvmlDeviceGetUUID(handle))
+        except self._nvml.NVMLError:
+            return ""
 
     def _mig_profiles(self, index: int, handle: Any) -> dict[str, tuple[int, mig.MigProfile]]:
         """The GPU instance profiles of a GPU in MIG mode, by name: NVML's profile id and the
@@ -499,11 +817,18 @@ class NvmlBackend:
             found[ids] = _text(self._nv("nvmlDeviceGetUUID", index, device))
         return found
 
-    def _instances_of(self, index: int, handle: Any) -> list[model.MigInstance]:
+    def _instances_of(
+        self,
+        index: int,
+        handle: Any,
+        profiles: dict[str, tuple[int, mig.MigProfile]] | None = None,
+    ) -> list[model.MigInstance]:
         nvml = self._nvml
         mig_devices = self._mig_devices(index, handle)
         instances: list[model.MigInstance] = []
-        for name, (profile_id, _) in self._mig_profiles(index, handle).items():
+        if profiles is None:
+            profiles = self._mig_profiles(index, handle)
+        for name, (profile_id, _) in profiles.items():
             handles = (nvml.c_nvmlGpuInstance_t * _MAX_LISTED)()
             count = ctypes.c_uint(0)
             self._nv(
@@ -532,68 +857,97 @@ class NvmlBackend:
                 mode = self._optional(
                     "nvmlDeviceGetMigMode", index, nvml.nvmlDeviceGetMigMode, handle
                 )
-                if mode is not None and mode[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+                if mode is None or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+                    continue
+                try:
                     found.extend(self._instances_of(index, handle))
+                except model.InventoryError as err:
+                    # Not ours to list, so not ours to touch: the rest of the node goes on.
+                    refusal = self._refusal(index, self._uuid_of(index, handle), err)
+                    if refusal is None:
+                        raise
+                    self._log_once(logging.WARNING, str(refusal))
         return tuple(found)
 
     def _create_blocking(self, placement: model.MigPlacement) -> model.MigInstance:
-        nvml = self._nvml
         with self._lock:
             self._init_locked()
             index, handle = self._mig_gpu(placement.parent)
-            for existing in self._instances_of(index, handle):
-                if existing.placement == placement and existing.compute_instance is not None:
-                    return existing  # a retried call
-                if existing.placement == placement:  # half made: start again
-                    self._destroy_locked(existing)
-            profiles = self._mig_profiles(index, handle)
-            if placement.profile not in profiles:
-                raise model.InventoryError(
-                    f"{self._where(index)}: no MIG profile {placement.profile} "
-                    f"(it has {', '.join(sorted(profiles)) or 'none: is MIG mode on?'})"
-                )
-            profile_id, profile = profiles[placement.profile]
-            where = nvml.c_nvmlGpuInstancePlacement_t()
-            where.start = placement.start
-            where.size = profile.memory_slices
-            gpu_instance = self._nv(
-                "nvmlDeviceCreateGpuInstanceWithPlacement",
-                index,
-                handle,
-                profile_id,
-                ctypes.byref(where),
-            )
             try:
-                compute_profile = self._nv(
-                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                    index,
-                    gpu_instance,
-                    _COMPUTE_PROFILE_OF_SLICES[profile.compute_slices],
-                    nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-                )
-                compute = self._nv(
-                    "nvmlGpuInstanceCreateComputeInstance",
-                    index,
-                    gpu_instance,
-                    compute_profile.id,
-                )
-            except Exception:
-                self._nv("nvmlGpuInstanceDestroy", index, gpu_instance)
-                raise
-            gi = self._nv("nvmlGpuInstanceGetInfo", index, gpu_instance)
-            ci = self._nv("nvmlComputeInstanceGetInfo", index, compute)
-            uuid = self._mig_devices(index, handle).get((gi.id, ci.id))
-            if uuid is None:
-                raise model.InventoryError(
-                    f"{self._where(index)}: the MIG device of GPU instance {gi.id}, compute "
-                    f"instance {ci.id} did not appear"
-                )
-            return model.MigInstance(placement, gi.id, ci.id, uuid)
+                created = self._create_locked(index, handle, placement)
+            except model.InventoryError as err:
+                refusal = self._refusal(index, self._uuid_of(index, handle), err)
+                if refusal is None:
+                    raise
+                raise model.InventoryError(f"{self._where(index)}: {refusal}") from None
+            self._mig_held.add(placement)
+            return created
+
+    def _create_locked(
+        self, index: int, handle: Any, placement: model.MigPlacement
+    ) -> model.MigInstance:
+        nvml = self._nvml
+        for existing in self._instances_of(index, handle):
+            if existing.placement == placement and existing.compute_instance is not None:
+                return existing  # a retried call
+            if existing.placement == placement:  # half made: start again
+                self._destroy_locked(existing)
+        profiles = self._mig_profiles(index, handle)
+        if placement.profile not in profiles:
+            raise model.InventoryError(
+                f"{self._where(index)}: no MIG profile {placement.profile} "
+                f"(it has {', '.join(sorted(profiles)) or 'none: is MIG mode on?'})"
+            )
+        profile_id, profile = profiles[placement.profile]
+        where = nvml.c_nvmlGpuInstancePlacement_t()
+        where.start = placement.start
+        where.size = profile.memory_slices
+        gpu_instance = self._nv(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            index,
+            handle,
+            profile_id,
+            ctypes.byref(where),
+        )
+        try:
+            compute_profile = self._nv(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                index,
+                gpu_instance,
+                _COMPUTE_PROFILE_OF_SLICES[profile.compute_slices],
+                nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            )
+            compute = self._nv(
+                "nvmlGpuInstanceCreateComputeInstance",
+                index,
+                gpu_instance,
+                compute_profile.id,
+            )
+        except Exception:
+            self._nv("nvmlGpuInstanceDestroy", index, gpu_instance)
+            raise
+        gi = self._nv("nvmlGpuInstanceGetInfo", index, gpu_instance)
+        ci = self._nv("nvmlComputeInstanceGetInfo", index, compute)
+        uuid = self._mig_devices(index, handle).get((gi.id, ci.id))
+        if uuid is None:
+            raise model.InventoryError(
+                f"{self._where(index)}: the MIG device of GPU instance {gi.id}, compute "
+                f"instance {ci.id} did not appear"
+            )
+        return model.MigInstance(placement, gi.id, ci.id, uuid)
 
     def _destroy_blocking(self, instance: model.MigInstance) -> None:
         with self._lock:
             self._init_locked()
-            self._destroy_locked(instance)
+            try:
+                self._destroy_locked(instance)
+            except model.InventoryError as err:
+                index, handle = self._mig_gpu(instance.placement.parent)
+                refusal = self._refusal(index, self._uuid_of(index, handle), err)
+                if refusal is None:
+                    raise
+                raise model.InventoryError(f"{self._where(index)}: {refusal}") from None
+            self._mig_held.discard(instance.placement)
 
     def _destroy_locked(self, instance: model.MigInstance) -> None:
         nvml = self._nvml
@@ -651,6 +1005,22 @@ class NvmlBackend:
 
     def _where(self, index: int | None) -> str:
         return f"node {self.node}" if index is None else f"node {self.node}: GPU {index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reading:
+    """A GPU as last read well: its device, and its MIG table if it was in MIG mode."""
+
+    device: model.Device
+    table: mig.MigTable | None
+
+
+def _handle_key(handle: Any) -> Any:
+    """What identifies an NVML device handle: the address a ctypes pointer holds (each call
+    returns a new pointer object to the same device), else the handle itself (a fake's)."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 def _code(err: Exception) -> int | None:

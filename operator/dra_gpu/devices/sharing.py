@@ -14,8 +14,10 @@ The setting (YAML or JSON; one entry may stand without the list)::
     - gpus: all                                  # or NVML indexes and UUIDs: [0, "GPU-5f2a..."]
       mode: MPS                                  # TimeSlicing (default) | MPS
       memory: {default: 8Gi, min: 4Gi, step: 4Gi}   # also max; default and min required
+      activeThreadPercentage: 50                 # MPS only: each client's share of threads
     - gpus: [2, 3]
       memory: {default: 20Gi, min: 10Gi, step: 10Gi}
+      timeSlice: Short                           # TimeSlicing only: Default|Short|Medium|Long
 
 A GPU named twice (by index or UUID in two places, or by its index in one entry and its UUID in
 another, found when the GPUs are read) is an error, and so is ``all`` beside another entry. A
@@ -30,6 +32,10 @@ from collections.abc import Mapping
 from dra_gpu.devices import model, strict
 
 MEMORY_FIELDS = ("default", "min", "max", "step")
+SETTINGS = ("activeThreadPercentage", "timeSlice")
+"""The block's optional GPU settings: MPS's ``activeThreadPercentage`` (1-100, each client's
+share of the GPU's threads) and TimeSlicing's ``timeSlice`` (Default | Short | Medium | Long,
+set on the GPU with ``nvidia-smi compute-policy --set-timeslice`` while it is shared)."""
 _ANY_MEMORY = 2**63 - 1
 """The most memory a capacity can state: a policy that fails on it fails on every GPU."""
 
@@ -47,7 +53,7 @@ def memory_quantity(value: object) -> str:
 
 def parse_sharing(value: object, path: str, extra: tuple[str, ...] = ()) -> model.Sharing:
     """The ``sharing`` block at ``path`` (``extra``: more keys the caller reads itself)."""
-    block = strict.mapping(value, path, {"mode", "memory", *extra})
+    block = strict.mapping(value, path, {"mode", "memory", *SETTINGS, *extra})
     mode = block.get("mode", "TimeSlicing")
     if mode not in model.SHARING_MODES:
         raise strict.FieldError(
@@ -67,7 +73,21 @@ def parse_sharing(value: object, path: str, extra: tuple[str, ...] = ()) -> mode
             values[key] = model.format_bytes(int(model.parse_quantity(quantity)))
         except (model.InventoryError, ValueError) as err:
             raise strict.FieldError(strict.child(memory_path, key), str(err)) from None
-    return model.Sharing(mode, model.MemoryPolicy(**values))
+    pct = block.get("activeThreadPercentage")
+    if pct is not None and (isinstance(pct, bool) or not isinstance(pct, int)):
+        raise strict.FieldError(
+            strict.child(path, "activeThreadPercentage"), f"expected 1-100, got {strict.kind(pct)}"
+        )
+    try:
+        return model.Sharing(
+            mode,
+            model.MemoryPolicy(**values),
+            active_thread_percentage=pct,
+            time_slice=block.get("timeSlice"),
+        )
+    except model.InventoryError as err:
+        field, _, message = str(err).partition(": ")
+        raise strict.FieldError(strict.child(path, field), message) from None
 
 
 def share(device: model.Device, sharing: model.Sharing, path: str) -> model.Device:

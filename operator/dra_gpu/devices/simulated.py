@@ -19,12 +19,21 @@ talks to Kubernetes. The format::
 
 Device fields: name, count, uuid, pciBusID, memory, productName, brand, architecture,
 cudaComputeCapability, driverVersion, cudaDriverVersion (versions as quoted strings, e.g. "9.0";
-``cudaDriverVersion: null`` leaves it out), migCapable, healthy, mig, sharing. UUIDs default to a
-value derived from node and device name, so a restarted agent publishes the same ones.
+``cudaDriverVersion: null`` leaves it out), migCapable, healthy, mig, migManagement, sharing,
+pcieRoot, numaNode. UUIDs default to a value derived from node and device name, so a restarted
+agent publishes the same ones.
 
-``mig: A100-40GB`` or ``mig: H100-80GB`` publishes the GPU MIG-partitioned (``devices.mig``):
-the whole GPU and every MIG placement of that model, consuming the GPU's counters. Such a GPU
-is ``migCapable``, and its ``memory`` must be the model's (40Gi, 80Gi).
+``pcieRoot`` (``pci<domain>:<bus>``, e.g. ``pci0000:17``) and ``numaNode`` (a whole number from 0)
+are optional and published as the nvml backend reads them from sysfs (``devices.pci``):
+``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/numaNode``, so a claim can ask
+for a GPU beside a NIC (``matchAttribute``); left out, the attribute is not published.
+
+``mig: <model>`` publishes the GPU MIG-partitioned (``devices.mig``): every MIG placement of
+that model, consuming the GPU's counters, and not the whole GPU (a GPU in MIG mode). The models are
+``devices.gpu_models``' (NVML's profiles, checked against NVIDIA's go-nvml mocks): A100-40GB,
+A100-80GB, A30-24GB, H100-80GB, H200-141GB, B200-180GB. Such a GPU is ``migCapable``, and its
+``memory`` must be the model's (40Gi, 80Gi, 24Gi, 80Gi, 141Gi, 180Gi); a partition publishes the
+nominal memory of its profile's name (``1g.18gb`` -> 18Gi).
 
 ``sharing`` offers the GPU to several claims at once, each with a share of its memory
 (``allowMultipleAllocations`` and a ``requestPolicy`` on ``memory``; Kubernetes 1.36+)::
@@ -44,7 +53,14 @@ The agent gives a directory on the node's tmpfs (beside its CDI specs), so the t
 an agent crash but not a reboot, as MIG instances do not survive a GPU reset. Creating one
 checks what the hardware would (a placement of the GPU's model, no memory slice taken twice,
 at most 7 compute slices, one media extension); its ``MIG-<uuid>`` is the partition device's.
-Without a directory the table is kept in memory (tests).
+Without a directory the table is kept in memory (tests). Instances in the table that the agent
+did not make (written there by a test, as the GPU Operator's mig-manager would make them) are
+someone else's: the placements that cannot be created beside them are not published.
+
+``migManagement: denied`` (with ``mig``) simulates an agent without MIG's privileges: NVML
+answers ``NO_PERMISSION`` for that GPU's placements and instances, so the GPU publishes nothing,
+is reported (``mig_refusals``), and creating or destroying an instance on it fails; the default
+is ``allowed``.
 """
 
 from __future__ import annotations
@@ -56,17 +72,20 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from dra_gpu.devices import health, mig, model, sharing, strict
+from dra_gpu.devices import edits, health, mig, model, pci, sharing, strict
 
 _R = TypeVar("_R")
+_Placement = mig.Placement  # Profile.mig (a field) hides the module inside the class
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.dra-gpu.io")
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")  # as devices.pci reads it from sysfs
+MAX_NUMA_NODE = 1023  # Linux's MAX_NUMNODES at its largest (NODES_SHIFT 10)
 MAX_COUNT = 1024  # a typo like "count: 100000" should fail, not allocate a million objects
 
 _BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -90,10 +109,32 @@ class Profile:
     nodes: Mapping[str, tuple[model.Device, ...]]
     mig: Mapping[str, Mapping[str, mig.MigTable]] = dataclasses.field(default_factory=dict)
     """Node -> device name -> the MIG table of a GPU published partitioned."""
+    mig_denied: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    """Node -> the GPUs of ``mig`` whose MIG management NVML refuses (``migManagement: denied``)."""
 
-    def inventory(self, node: str) -> model.Inventory:
-        """The node's devices; a node the profile does not list has none."""
-        return mig.partition_inventory(node, self.nodes.get(node, ()), self.mig.get(node, {}))
+    def inventory(
+        self, node: str, foreign: Mapping[str, tuple[_Placement, ...]] | None = None
+    ) -> model.Inventory:
+        """The node's devices; a node the profile does not list has none. ``foreign``: per
+        GPU, the placements of instances the agent did not make."""
+        denied = self.mig_denied.get(node, frozenset())
+        tables = {
+            name: dataclasses.replace(
+                table,
+                profiles=() if name in denied else table.profiles,
+                foreign=(foreign or {}).get(name, ()),
+            )
+            for name, table in self.mig.get(node, {}).items()
+        }
+        return mig.partition_inventory(node, self.nodes.get(node, ()), tables)
+
+    def mig_refusal(self, node: str, gpu: str, call: str) -> model.MigRefusal | None:
+        """What NVML answers the agent for ``call`` on ``gpu`` (None: it may)."""
+        if gpu not in self.mig_denied.get(node, frozenset()):
+            return None
+        device = next((d for d in self.nodes.get(node, ()) if d.name == gpu), None)
+        uuid = device.uuid if device is not None else ""
+        return model.MigRefusal(gpu, uuid, call, "Insufficient Permissions (simulated)")
 
 
 class SimulatedBackend:
@@ -122,6 +163,9 @@ class SimulatedBackend:
         """Where the simulated GPUs' MIG instances are kept (a tmpfs: gone after a reboot)."""
         self._instances: list[model.MigInstance] = []  # without a hardware_dir
         self._hardware_lock = threading.Lock()
+        self._settings: dict[str, dict[str, str]] = {}  # sharing's GPU settings (settings_file)
+        self._held: set[model.MigPlacement] = set()  # instances that are the agent's
+        self._pending: set[str] = set()  # GPUs the faults file said lost or needing recovery
 
     @property
     def node_in_profile(self) -> bool:
@@ -131,17 +175,64 @@ class SimulatedBackend:
     async def inventory(self) -> model.Inventory:
         if self._path is not None:
             self._profile = await asyncio.to_thread(load_profile, self._path)
-        return self._profile.inventory(self.node)
+        if not self._profile.mig.get(self.node):
+            return self._profile.inventory(self.node)
+        present = await asyncio.to_thread(self._locked, lambda table: tuple(table))
+        foreign: dict[str, list[mig.Placement]] = {}
+        tables = self._profile.mig.get(self.node, {})
+        for instance in present:
+            table = tables.get(instance.placement.parent)
+            if table is None or instance.placement in self._held:
+                continue
+            try:
+                placement = mig.placement_in(table, instance.placement)
+            except model.InventoryError:
+                continue  # not one of the model's placements: nothing it could block
+            foreign.setdefault(instance.placement.parent, []).append(placement)
+        return self._profile.inventory(self.node, {k: tuple(v) for k, v in foreign.items()})
 
-    def container_env(self, position: int, device: model.Device) -> dict[str, str]:
-        """``GPU_DEVICE_<position>=<device>``: one variable per device, so a container given
-        several devices sees all of them; the tutorial's workloads print these to show which
-        GPU they got. A MIG partition also names its MIG device, as ``NVIDIA_VISIBLE_DEVICES``
-        would: ``GPU_DEVICE_<position>_MIG=MIG-<uuid>``."""
-        env = {f"GPU_DEVICE_{position}": device.name}
-        if device.partition_of is not None:
-            env[f"GPU_DEVICE_{position}_MIG"] = device.uuid
-        return env
+    async def container_edits(self, devices: Sequence[edits.GivenDevice]) -> edits.ClaimEdits:
+        """Per device ``GPU_DEVICE_<position>=<device>``, so a container given several devices
+        sees all of them (the tutorial's workloads print these to show which GPU they got); a
+        MIG partition also names its MIG device: ``GPU_DEVICE_<position>_MIG=MIG-<uuid>``. For
+        the claim, ``NVIDIA_VISIBLE_DEVICES=<uuid>,...`` as the nvml backend writes it. No
+        device nodes: a simulated GPU has none, and CDI fails a container whose node is missing.
+        """
+        per_device = []
+        for position, given in enumerate(devices):
+            device = given.device
+            env = {f"GPU_DEVICE_{position}": device.name}
+            if device.partition_of is not None:
+                env[f"GPU_DEVICE_{position}_MIG"] = device.uuid
+            per_device.append(edits.Edits(env))
+        return edits.ClaimEdits(edits.Edits(edits.visible_devices_env(devices)), tuple(per_device))
+
+    # ---- GPU settings for sharing (agent.mps.GpuControls) ------------------------------------
+
+    @property
+    def settings_file(self) -> Path | None:
+        """The simulated GPUs' compute mode and time-slice, as sharing set them (JSON: device ->
+        ``{"computeMode": ..., "timeSlice": ...}``); in the hardware dir, so gone in a reboot."""
+        if self.hardware_dir is None:
+            return None
+        return self.hardware_dir / f"{self.node}-gpu-settings.json"
+
+    async def set_compute_mode(self, device: str, uuid: str, exclusive: bool) -> None:
+        mode = "EXCLUSIVE_PROCESS" if exclusive else "DEFAULT"
+        await asyncio.to_thread(self._set_setting, device, "computeMode", mode)
+
+    async def set_time_slice(self, device: str, uuid: str, time_slice: str) -> None:
+        await asyncio.to_thread(self._set_setting, device, "timeSlice", time_slice)
+
+    def _set_setting(self, device: str, key: str, value: str) -> None:
+        with self._hardware_lock:
+            self._settings.setdefault(device, {})[key] = value
+            path = self.settings_file
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temp = path.with_name(f".{path.name}.tmp")
+                temp.write_text(json.dumps(self._settings, sort_keys=True))
+                temp.replace(path)
 
     # ---- MIG instances (model.MigInstances) ------------------------------------------------
 
@@ -152,12 +243,31 @@ class SimulatedBackend:
         return self.hardware_dir / f"{self.node}-mig-instances.json"
 
     async def mig_instances(self) -> tuple[model.MigInstance, ...]:
-        return await asyncio.to_thread(self._locked, lambda table: tuple(table))
+        table = await asyncio.to_thread(self._locked, lambda table: tuple(table))
+        listed = "nvmlDeviceGetGpuInstances"
+        refused = self._profile.mig_refusal
+        return tuple(i for i in table if refused(self.node, i.placement.parent, listed) is None)
+
+    def adopt_mig_instances(self, placements: Collection[model.MigPlacement]) -> None:
+        self._held = set(placements)
+
+    def mig_refusals(self) -> tuple[model.MigRefusal, ...]:
+        call = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        found = (
+            self._profile.mig_refusal(self.node, gpu, call)
+            for gpu in sorted(self._profile.mig.get(self.node, {}))
+        )
+        return tuple(r for r in found if r is not None)
 
     async def create_mig_instance(self, placement: model.MigPlacement) -> model.MigInstance:
-        return await asyncio.to_thread(self._locked, lambda t: self._create(t, placement))
+        self._refuse(placement.parent, "nvmlDeviceCreateGpuInstanceWithPlacement")
+        created = await asyncio.to_thread(self._locked, lambda t: self._create(t, placement))
+        self._held.add(placement)
+        return created
 
     async def destroy_mig_instance(self, instance: model.MigInstance) -> None:
+        self._refuse(instance.placement.parent, "nvmlGpuInstanceDestroy")
+
         def destroy(table: list[model.MigInstance]) -> None:
             table[:] = [
                 i
@@ -166,6 +276,12 @@ class SimulatedBackend:
             ]
 
         await asyncio.to_thread(self._locked, destroy)
+        self._held.discard(instance.placement)
+
+    def _refuse(self, gpu: str, call: str) -> None:
+        refusal = self._profile.mig_refusal(self.node, gpu, call)
+        if refusal is not None:
+            raise model.InventoryError(f"node {self.node}: {refusal}")
 
     def _create(
         self, table: list[model.MigInstance], placement: model.MigPlacement
@@ -210,12 +326,35 @@ class SimulatedBackend:
                 _write_instances(path, table)
             return result
 
-    async def faults(self) -> tuple[health.Fault, ...]:
-        """What the faults file lists now (nothing without one); a bad file raises
-        ``ProfileError`` naming file and field."""
+    async def faults(self) -> tuple[health.Fault | health.Reset, ...]:
+        """What the faults file lists now (nothing without one), and a ``Reset`` for each GPU
+        whose ``lost`` or ``recovery`` entry went away since the last call (as NVML's answers
+        come back); a bad file raises ``ProfileError`` naming file and field."""
         if self.faults_file is None:
             return ()
-        return await asyncio.to_thread(load_faults, self.faults_file, self.xids)
+        faults = await asyncio.to_thread(
+            load_faults, self.faults_file, self.xids, self._partition_at
+        )
+        pending = {f.device for f in faults if f.cause in ("lost", "recovery")}
+        resets = [
+            health.Reset(device, f"the {device} entry of the faults file is gone (simulated reset)")
+            for device in sorted(self._pending - pending)
+        ]
+        self._pending = pending
+        return (*faults, *resets)
+
+    def _partition_at(self, gpu: str, gpu_instance: int) -> str | None:
+        """(In a thread.) The partition device of ``gpu`` whose simulated MIG instance is GPU
+        instance ``gpu_instance``; None if there is none."""
+        placements = {
+            i.placement
+            for i in self._locked(lambda table: tuple(table))
+            if i.placement.parent == gpu and i.gpu_instance == gpu_instance
+        }
+        for device in self._profile.inventory(self.node).devices:
+            if mig.placement_of(device) in placements:
+                return device.name
+        return None
 
     async def aclose(self) -> None:
         return None
@@ -262,20 +401,40 @@ def _write_instances(path: Path, table: list[model.MigInstance]) -> None:
     os.replace(temporary, path)
 
 
-def load_faults(path: Path, xids: health.XidPolicy) -> tuple[health.Fault, ...]:
+def load_faults(
+    path: Path,
+    xids: health.XidPolicy,
+    partition_at: Callable[[str, int], str | None] | None = None,
+) -> tuple[health.Fault, ...]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return ()
     except (OSError, UnicodeDecodeError) as err:
         raise model.ProfileError(f"faults file {path}: cannot be read: {err}") from None
-    return parse_faults(text, xids, source=str(path))
+    return parse_faults(text, xids, source=str(path), partition_at=partition_at)
+
+
+_FAULT_FIELDS = {"xid", "gpuInstance", "ecc", "lost", "recovery"}
 
 
 def parse_faults(
-    text: str, xids: health.XidPolicy, source: str = "<string>"
+    text: str,
+    xids: health.XidPolicy,
+    source: str = "<string>",
+    partition_at: Callable[[str, int], str | None] | None = None,
 ) -> tuple[health.Fault, ...]:
-    """The faults a faults file lists (see the module docstring); ignored XIDs give none."""
+    """The faults a faults file lists, as NVML would report them::
+
+        gpu-0: {xid: 48}                  # an XID, GPU-wide (a MIG-mode GPU: every partition)
+        gpu-1: {xid: 94, gpuInstance: 2}  # an XID of MIG GPU instance 2 (its partition only)
+        gpu-2: {ecc: double-bit}
+        gpu-3: {lost: true}               # the GPU answers GPU_IS_LOST
+        gpu-4: {recovery: gpu-reset}      # NVML's recovery action (one of RECOVERY_ACTIONS)
+
+    XIDs are classified by ``xids`` (those that taint nothing give no fault). ``partition_at``
+    maps (GPU, GPU instance id) to the partition device of that instance; without one, or an
+    instance without a partition, the XID is the whole GPU's, as the nvml backend does."""
     try:
         data = yaml.load(text, Loader=strict.StrictLoader)
     except yaml.YAMLError as err:
@@ -285,25 +444,51 @@ def parse_faults(
     for device, spec in parser.mapping(data, "", None).items():
         if not isinstance(device, str) or not model.is_dns_label(device):
             raise parser.error(str(device), "a device name must be a DNS label (e.g. gpu-0)")
-        entries = parser.mapping(spec, device, {"xid", "ecc", "lost"})
-        if not entries:
-            raise parser.error(device, "expected one of xid, ecc, lost")
+        entries = parser.mapping(spec, device, _FAULT_FIELDS)
+        if not entries.keys() - {"gpuInstance"}:
+            raise parser.error(device, "expected one of xid, ecc, lost, recovery")
+        instance = entries.get("gpuInstance")
+        if instance is not None and (
+            isinstance(instance, bool) or not isinstance(instance, int) or instance < 0
+        ):
+            raise parser.error(
+                f"{device}.gpuInstance", f"expected a GPU instance id, got {instance!r}"
+            )
+        if instance is not None and "xid" not in entries:
+            raise parser.error(f"{device}.gpuInstance", "only an xid is scoped to a GPU instance")
         for cause, value in entries.items():
             path = f"{device}.{cause}"
+            if cause == "gpuInstance":
+                continue
             if cause == "xid":
                 if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                     raise parser.error(path, f"expected an XID (a positive number), got {value!r}")
-                fault = xids.fault(device, value, f"XID {value} (simulated)")
+                target, message = device, f"XID {value} (simulated)"
+                if instance is not None:
+                    message = f"XID {value} (simulated, GPU instance {instance})"
+                    partition = partition_at(device, instance) if partition_at else None
+                    if partition is None:
+                        message += ", which no partition is published for: the whole GPU is tainted"
+                    else:
+                        target = partition
+                fault = xids.fault(target, value, message)
                 if fault is not None:
                     faults.append(fault)
             elif cause == "ecc":
                 if value != "double-bit":
                     raise parser.error(path, f"expected double-bit, got {value!r}")
-                faults.append(health.ecc_fault(device, "double-bit ECC error (simulated)"))
+                faults.append(xids.ecc_fault(device, "double-bit ECC error (simulated)"))
+            elif cause == "recovery":
+                actions = tuple(health.RECOVERY_ACTIONS.values())
+                if value not in actions:
+                    raise parser.error(path, f"expected one of {', '.join(actions)}, got {value!r}")
+                faults.append(
+                    xids.recovery_fault(device, value, f"recovery action {value} (simulated)")
+                )
             elif value is not True:
                 raise parser.error(path, f"expected true, got {value!r}")
             else:
-                faults.append(health.lost_fault(device, "the GPU is lost (simulated)"))
+                faults.append(xids.lost_fault(device, "the GPU is lost (simulated)"))
     return tuple(faults)
 
 
@@ -327,6 +512,7 @@ class _Parser:
     def __init__(self, source: str, what: str = "profile") -> None:
         self.source = source
         self.what = what
+        self.denied: dict[str, set[str]] = {}  # node -> GPUs with migManagement: denied
 
     def error(self, path: str, message: str) -> model.ProfileError:
         return model.ProfileError(f"{self.what} {self.source}: {path}: {message}")
@@ -354,7 +540,8 @@ class _Parser:
                 raise self.error(path, "a node name must be a DNS subdomain (e.g. node-01)")
             tables[node] = {}
             nodes[node] = self.node(node, spec, path, parsed_defaults, tables[node])
-        return Profile(source=self.source, nodes=nodes, mig=tables)
+        denied = {node: frozenset(gpus) for node, gpus in self.denied.items()}
+        return Profile(source=self.source, nodes=nodes, mig=tables, mig_denied=denied)
 
     def node(
         self,
@@ -405,13 +592,19 @@ class _Parser:
                 devices.append(device)
                 if table is not None:
                     tables[device.name] = self.mig_table(device, table, entry_path)
+                if {**defaults, **fields}.get("migManagement") == "denied":
+                    if table is None:
+                        raise self.error(
+                            f"{entry_path}.migManagement", "only a GPU with mig has MIG management"
+                        )
+                    self.denied.setdefault(node, set()).add(device.name)
         return tuple(devices)
 
     def device(self, node: str, index: int, fields: dict[str, Any], path: str) -> model.Device:
         values = {**_BUILTIN_DEFAULTS, **fields}
         name = values.get("name", f"gpu-{index}")
         try:
-            return model.gpu_device(
+            device = model.gpu_device(
                 index=index,
                 name=name,
                 uuid=values.get("uuid") or f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{name}')}",
@@ -428,6 +621,14 @@ class _Parser:
             )
         except model.InventoryError as err:
             raise self.error(path, str(err)) from None
+        topology: dict[str, model.AttributeValue] = {}
+        if "pcieRoot" in values:
+            topology[pci.PCIE_ROOT_ATTRIBUTE] = model.StringValue(values["pcieRoot"])
+        if "numaNode" in values:
+            topology[pci.NUMA_NODE_ATTRIBUTE] = model.IntValue(values["numaNode"])
+        if not topology:
+            return device
+        return dataclasses.replace(device, attributes={**device.attributes, **topology})
 
     def mig_table(self, device: model.Device, table: mig.MigTable, path: str) -> mig.MigTable:
         if device.attributes.get("migCapable") != model.BoolValue(True):
@@ -510,6 +711,27 @@ def _mig(value: object) -> mig.MigTable:
     return table
 
 
+def _mig_management(value: object) -> str:
+    if value not in ("allowed", "denied"):
+        raise model.InventoryError(f"expected allowed or denied, got {value!r}")
+    return str(value)
+
+
+def _pcie_root(value: object) -> str:
+    if not isinstance(value, str) or not _PCIE_ROOT.fullmatch(value):
+        raise model.InventoryError(f"{value!r} is not a PCIe root like pci0000:17")
+    return value
+
+
+def _numa_node(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NUMA_NODE:
+        raise model.InventoryError(
+            f"expected a whole number from 0 to {MAX_NUMA_NODE} (leave it out for a GPU "
+            f"without NUMA affinity), got {value!r}"
+        )
+    return value
+
+
 def _pci_address(value: object) -> str:
     if not isinstance(value, str) or not _PCI_ADDRESS.fullmatch(value):
         raise model.InventoryError(f"{value!r} is not a PCI address like 0000:3b:00.0")
@@ -521,6 +743,8 @@ _FIELDS: dict[str, Callable[[object], Any]] = {
     "count": _count,
     "uuid": _string,
     "pciBusID": _pci_address,
+    "pcieRoot": _pcie_root,
+    "numaNode": _numa_node,
     "memory": sharing.memory_quantity,
     "productName": _string,
     "brand": _string,
@@ -531,5 +755,6 @@ _FIELDS: dict[str, Callable[[object], Any]] = {
     "migCapable": _bool,
     "healthy": _bool,
     "mig": _mig,
+    "migManagement": _mig_management,
     "sharing": lambda value: value,  # parsed by _Parser.sharing, which names the nested field
 }

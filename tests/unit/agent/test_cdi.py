@@ -12,6 +12,7 @@ from typing import cast
 import pytest
 
 from dra_gpu.agent import cdi, files
+from dra_gpu.devices import edits
 
 DRIVER = "gpu.example.com"
 UID = "6f1d3e0a-93c4-4c1e-a2b5-0d8c2f5e7a11"
@@ -55,7 +56,7 @@ def test_device_names_are_unique_per_claim() -> None:
     assert cdi.cdi_device_name(UID, "gpu-0") != cdi.cdi_device_name(other_uid, "gpu-0")
     assert cdi.cdi_device_id(DRIVER, UID, "gpu-0") != cdi.cdi_device_id(DRIVER, UID, "gpu-1")
     with pytest.raises(ValueError, match="'gpu-0' is listed twice"):
-        cdi.claim_spec(DRIVER, UID, [("gpu-0", {}), ("gpu-0", {})])
+        cdi.claim_spec(DRIVER, UID, [("gpu-0", {"A": "1"}), ("gpu-0", {"A": "1"})])
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,10 @@ def test_device_names_are_unique_per_claim() -> None:
     ],
 )
 def test_cdi_version_is_the_lowest_the_names_need(claim_uid: str, version: str) -> None:
-    assert cdi.claim_spec(DRIVER, claim_uid, [("gpu-0", {})])["cdiVersion"] == version
+    assert (
+        cdi.claim_spec(DRIVER, claim_uid, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])["cdiVersion"]
+        == version
+    )
 
 
 def test_each_device_gets_the_environment_it_was_given() -> None:
@@ -79,7 +83,7 @@ def test_claim_uids_that_are_no_cdi_names_are_rejected(tmp_path: Path, claim_uid
     with pytest.raises(cdi.InvalidCdiName):
         cdi.spec_file_name(DRIVER, claim_uid)
     with pytest.raises(cdi.InvalidCdiName):
-        cdi.claim_spec(DRIVER, claim_uid, [("gpu-0", {})])
+        cdi.claim_spec(DRIVER, claim_uid, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
     with pytest.raises(cdi.InvalidCdiName):
         cdi.delete_claim_spec(tmp_path / "cdi", DRIVER, claim_uid)
 
@@ -94,7 +98,7 @@ def test_bad_inputs_to_a_spec_are_rejected() -> None:
 
 
 def test_a_spec_cannot_be_filed_under_another_claim(tmp_path: Path) -> None:
-    spec = cdi.claim_spec(DRIVER, UID, [("gpu-0", {})])
+    spec = cdi.claim_spec(DRIVER, UID, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
     with pytest.raises(ValueError, match="belong to another claim"):
         cdi.write_claim_spec(tmp_path, spec, claim_uid="another-uid")
     assert list(tmp_path.iterdir()) == []
@@ -134,7 +138,7 @@ def test_atomic_write_into_a_missing_directory_says_where(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("durable", [True, False], ids=["fsynced", "not-fsynced"])
 def test_delete_is_idempotent(tmp_path: Path, durable: bool) -> None:
-    spec = cdi.claim_spec(DRIVER, UID, [("gpu-0", {})])
+    spec = cdi.claim_spec(DRIVER, UID, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
     path = cdi.write_claim_spec(tmp_path, spec, claim_uid=UID)
     assert cdi.delete_claim_spec(tmp_path, DRIVER, UID, durable=durable) is True
     assert not path.exists()
@@ -155,9 +159,9 @@ def test_read_returns_what_was_written_or_none(tmp_path: Path) -> None:
 def test_list_finds_only_this_drivers_claim_specs(tmp_path: Path) -> None:
     other_uid = "0b7e2c55-1d2f-4a8e-9c3b-5e6f7a8b9c0d"
     for claim_uid in (UID, other_uid):
-        spec = cdi.claim_spec(DRIVER, claim_uid, [("gpu-0", {})])
+        spec = cdi.claim_spec(DRIVER, claim_uid, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
         cdi.write_claim_spec(tmp_path, spec, claim_uid=claim_uid)
-    foreign = cdi.claim_spec("gpu.example.com-gpu", UID, [("gpu-0", {})])
+    foreign = cdi.claim_spec("gpu.example.com-gpu", UID, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
     cdi.write_claim_spec(tmp_path, foreign, claim_uid=UID)
     strays: dict[str, str] = {
         "nvidia.yaml": "",
@@ -171,3 +175,57 @@ def test_list_finds_only_this_drivers_claim_specs(tmp_path: Path) -> None:
         other_uid: tmp_path / cdi.spec_file_name(DRIVER, other_uid),
     }
     assert cdi.list_claim_specs(tmp_path / "missing", DRIVER) == {}
+
+
+def test_claim_edits_go_to_the_specs_own_container_edits_with_nodes_and_mounts() -> None:
+    common = edits.Edits(
+        {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"},
+        (edits.DeviceNode("/dev/nvidiactl"),),
+        (edits.Mount("/var/lib/dra-gpu/sharing/gpu-0/pipe", "/tmp/nvidia-mps"),),
+    )
+    caps = edits.DeviceNode("/dev/nvidia-caps/nvidia-cap30", "c", 237, 30, 0o444)
+    spec = cdi.claim_spec(
+        DRIVER, "a" + UID[1:], [("gpu-0", edits.Edits({"X": "1"}, (caps,)))], common
+    )
+    assert spec["cdiVersion"] == "0.3.0"  # none of it needs a later version
+    assert spec["containerEdits"] == {
+        "env": ["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"],
+        "deviceNodes": [{"path": "/dev/nvidiactl"}],
+        "mounts": [
+            {
+                "hostPath": "/var/lib/dra-gpu/sharing/gpu-0/pipe",
+                "containerPath": "/tmp/nvidia-mps",
+                "options": ["rw", "nosuid", "nodev", "bind"],
+            }
+        ],
+    }
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {
+            "path": "/dev/nvidia-caps/nvidia-cap30",
+            "type": "c",
+            "major": 237,
+            "minor": 30,
+            "fileMode": 0o444,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("device", "common", "error"),
+    [
+        (edits.Edits({"A": "1"}), edits.Edits({"A": "2"}), "sets A, which the claim's edits set"),
+        (edits.Edits(), None, "no container edits"),
+        (edits.Edits(device_nodes=(edits.DeviceNode("dev/x"),)), None, "not an absolute path"),
+        (
+            edits.Edits({"A": "1"}),
+            edits.Edits(mounts=(edits.Mount("/a", "b"),)),
+            "mount container path 'b' is not an absolute path",
+        ),
+        (edits.Edits(device_nodes=(edits.DeviceNode("/d", "x"),)), None, "type 'x' is not c or b"),
+    ],
+)
+def test_a_spec_cdi_would_refuse_or_misread_is_never_built(
+    device: edits.Edits, common: edits.Edits | None, error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        cdi.claim_spec(DRIVER, UID, [("gpu-0", device)], common)

@@ -73,12 +73,12 @@ async def test_a_fault_taints_the_device_counts_it_and_clears_after_the_quiet_pe
     assert await health.check_once() == []
     assert sample("dra_gpu_device_health", node="node-h", device="gpu-1", state="healthy") == 1
     faults_before = sample("dra_gpu_device_faults_total", node="node-h", cause="xid")
-    (tmp_path / "faults.yaml").write_text("gpu-1: {xid: 79}\n")
+    (tmp_path / "faults.yaml").write_text("gpu-1: {xid: 74}\n")
     [added] = await health.check_once()
-    assert str(added.taint) == "gpu.example.com/xid=79:NoExecute"
+    assert str(added.taint) == "gpu.example.com/xid=74:NoSchedule"
     assert triggered == [1]
-    assert [str(t) for t in health.taints()["gpu-1"]] == ["gpu.example.com/xid=79:NoExecute"]
-    assert sample("dra_gpu_device_health", node="node-h", device="gpu-1", state="fatal") == 1
+    assert [str(t) for t in health.taints()["gpu-1"]] == ["gpu.example.com/xid=74:NoSchedule"]
+    assert sample("dra_gpu_device_health", node="node-h", device="gpu-1", state="degraded") == 1
     assert sample("dra_gpu_device_health", node="node-h", device="gpu-1", state="healthy") == 0
     after = sample("dra_gpu_device_faults_total", node="node-h", cause="xid")
     assert after == (faults_before or 0) + 1
@@ -146,7 +146,7 @@ async def test_the_kubelets_health_stream_reports_every_device_and_each_change(
             assert abs(gpu0.last_updated_time - time.time()) < 60  # freshness, for the kubelet
             assert gpu0.message == (
                 "double-bit ECC error (simulated) at 2026-03-01T12:03:00Z; "
-                "tainted gpu.example.com/ecc=double-bit:NoExecute"
+                "tainted gpu.example.com/ecc=double-bit:NoSchedule"
             )
             assert second.devices[1].health == 1
             stream.cancel()
@@ -165,7 +165,7 @@ async def test_each_change_tells_the_devices_healthy_condition_for_the_claims_st
     health, _ = monitor(tmp_path, clock, quiet=30)
     told: list[tuple[str, dict[str, Any]]] = []
     health.on_device_health = lambda device, condition: told.append((device, condition))
-    (tmp_path / "faults.yaml").write_text("gpu-1: {xid: 79}\n")
+    (tmp_path / "faults.yaml").write_text("gpu-1: {xid: 74}\n")
     await health.check_once()
     [(device, unhealthy)] = told
     assert device == "gpu-1"
@@ -174,8 +174,8 @@ async def test_each_change_tells_the_devices_healthy_condition_for_the_claims_st
         "False",
         "DeviceUnhealthy",
     )
-    assert "XID 79" in unhealthy["message"]
-    assert "gpu.example.com/xid=79:NoExecute" in unhealthy["message"]
+    assert "XID 74" in unhealthy["message"]
+    assert "gpu.example.com/xid=74:NoSchedule" in unhealthy["message"]
     (tmp_path / "faults.yaml").unlink()
     clock.now = T0 + datetime.timedelta(seconds=30)
     await health.check_once()
@@ -183,3 +183,116 @@ async def test_each_change_tells_the_devices_healthy_condition_for_the_claims_st
     assert (recovered["status"], recovered["reason"]) == ("True", "DeviceRecovered")
     assert recovered["lastTransitionTime"] == "2026-03-01T12:03:30Z"
     assert unhealthy["lastTransitionTime"] == "2026-03-01T12:03:00Z"
+
+
+class NodeApi:
+    """The one call the monitor makes for an operator's clear: GET the Node."""
+
+    def __init__(self) -> None:
+        self.annotations: dict[str, str] = {}
+        self.gets = 0
+
+    async def get(self, path: str, **params: str) -> dict[str, Any]:
+        assert path == "/api/v1/nodes/node-h"
+        self.gets += 1
+        return {"metadata": {"name": "node-h", "uid": "u", "annotations": dict(self.annotations)}}
+
+
+async def test_a_reset_needing_fault_stays_past_the_quiet_period_until_an_operator_clears_it(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    health, _ = monitor(tmp_path, clock, quiet=30)
+    api = NodeApi()
+    health.api = api  # type: ignore[assignment]
+    health.claims = list  # no claims: the Events go to the Node only
+    (tmp_path / "faults.yaml").write_text("gpu-0: {xid: 95}\n")
+    [added] = await health.check_once()
+    assert str(added.taint) == "gpu.example.com/xid=95:NoSchedule"
+    (tmp_path / "faults.yaml").unlink()
+    clock.now = T0 + datetime.timedelta(hours=1)
+    assert await health.check_once() == []  # quiet for an hour: still broken
+    assert sample("dra_gpu_device_health", node="node-h", device="gpu-0", state="fatal") == 1
+    # A clear that names a time before the fault takes nothing; a bad one is logged.
+    api.annotations["gpu.example.com/gpu-reset.gpu-0"] = "2026-03-01T12:00:00Z"
+    api.annotations["gpu.example.com/gpu-reset.gpu-1"] = "soon"
+    clock.now += datetime.timedelta(seconds=10)
+    assert await health.check_once() == []
+    api.annotations["gpu.example.com/gpu-reset.gpu-0"] = "2026-03-01T13:00:00Z"
+    clock.now += datetime.timedelta(seconds=5)
+    assert await health.check_once() == []  # read at most every clear_check_seconds
+    clock.now += datetime.timedelta(seconds=5)
+    [cleared] = await health.check_once()
+    assert not cleared.added
+    assert "an operator cleared it" in cleared.reason
+    assert health.taints() == {}
+    gets = api.gets
+    clock.now += datetime.timedelta(minutes=5)
+    await health.check_once()
+    assert api.gets == gets  # nothing held: the Node is not read
+
+
+MIG_PROFILE = simulated.parse_profile(
+    "nodes: {node-h: {devices: [{memory: 40Gi, migCapable: true, mig: A100-40GB}, {memory: 8Gi}]}}"
+)
+
+
+async def test_a_fault_of_a_mig_mode_gpu_taints_its_partitions_and_their_claims(
+    tmp_path: Path,
+) -> None:
+    backend = simulated.SimulatedBackend(
+        MIG_PROFILE, "node-h", faults_file=tmp_path / "faults.yaml"
+    )
+    inventory = MIG_PROFILE.inventory("node-h")
+    partition = "gpu-0-mig-3g-20gb-4"
+    assert partition in inventory.by_name
+
+    async def current() -> model.Inventory:
+        return inventory
+
+    told: list[str] = []
+    health = HealthMonitor(
+        None,
+        backend,
+        driver="gpu.example.com",
+        node="node-h",
+        quiet_seconds=30,
+        inventory=current,
+        on_device_health=lambda device, condition: told.append(device),
+        clock=Clock(),
+    )
+    (tmp_path / "faults.yaml").write_text("gpu-0: {xid: 48}\n")
+    await health.check_once()
+    taints = health.taints(inventory.devices)
+    assert [str(t) for t in taints[partition]] == ["gpu.example.com/xid=48:NoSchedule"]
+    assert "gpu-1" not in taints
+    assert partition in told  # its claims' status hears it too
+    reports = {r.device: r for r in await health.device_reports()}
+    assert not reports[partition].healthy
+    assert reports["gpu-1"].healthy
+    assert sample("dra_gpu_device_health", node="node-h", device=partition, state="fatal") == 1
+
+
+class Unmonitored(simulated.SimulatedBackend):
+    def monitored(self) -> dict[str, bool]:
+        return {"gpu-0": False, "gpu-1": True}
+
+
+async def test_a_gpu_nvml_does_not_watch_is_a_gauge_of_zero(tmp_path: Path) -> None:
+    backend = Unmonitored(PROFILE, "node-h")
+
+    async def inventory() -> model.Inventory:
+        return PROFILE.inventory("node-h")
+
+    health = HealthMonitor(
+        None,
+        backend,
+        driver="gpu.example.com",
+        node="node-h",
+        quiet_seconds=30,
+        inventory=inventory,
+        clock=Clock(),
+    )
+    await health.check_once()
+    assert sample("dra_gpu_device_health_monitored", node="node-h", device="gpu-0") == 0
+    assert sample("dra_gpu_device_health_monitored", node="node-h", device="gpu-1") == 1

@@ -16,11 +16,12 @@ from typing import Any, Protocol
 
 import pytest
 
+from dra_gpu import metrics
 from dra_gpu.agent import cdi, checkpoint, failpoints
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
 from dra_gpu.agent.state import DeviceState, Prepared, PrepareFailed
-from dra_gpu.devices import model, nvml, simulated
-from tests.unit.inventory.fake_pynvml import FakeNvml, a100_in_mig_mode
+from dra_gpu.devices import mig, model, nvml, simulated
+from tests.unit.inventory.fake_pynvml import PRIVILEGED_CALLS, FakeGpu, FakeNvml, a100_in_mig_mode
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
@@ -98,7 +99,7 @@ class NoStatus:
         pass
 
 
-def agent(rig: Rig, tmp_path: Path, api: Claims) -> DeviceState:
+def agent(rig: Rig, tmp_path: Path, api: Claims, *, own_layout: bool = False) -> DeviceState:
     """An agent as it starts: the checkpoint on disk loaded."""
 
     async def inventory(fresh: bool) -> model.Inventory:
@@ -108,12 +109,13 @@ def agent(rig: Rig, tmp_path: Path, api: Claims) -> DeviceState:
         api=api,  # type: ignore[arg-type]  # prepare only GETs claims
         driver=DRIVER,
         node=NODE,
-        container_env=rig.backend.container_env,
+        container_edits=rig.backend.container_edits,
         cdi_dir=tmp_path / "run" / "cdi",
         checkpoint_file=tmp_path / "checkpoint.json",
         inventory=inventory,
         status=NoStatus(),
         mig=rig.backend,
+        mig_own_layout=own_layout,
     )
     state.load(checkpoint.read_checkpoint(tmp_path / "checkpoint.json"))
     return state
@@ -122,7 +124,9 @@ def agent(rig: Rig, tmp_path: Path, api: Claims) -> DeviceState:
 def spec_env(tmp_path: Path, ref: ClaimRef) -> dict[str, str]:
     spec = json.loads((tmp_path / "run" / "cdi" / cdi.spec_file_name(DRIVER, ref.uid)).read_text())
     (device,) = spec["devices"]
-    return dict(entry.split("=", 1) for entry in device["containerEdits"]["env"])
+    # What the container sees: the claim's edits, then the device's (as CDI applies them).
+    env = spec.get("containerEdits", {}).get("env", []) + device["containerEdits"]["env"]
+    return dict(entry.split("=", 1) for entry in env)
 
 
 def recorded(tmp_path: Path) -> dict[str, list[model.MigInstance]]:
@@ -152,10 +156,17 @@ async def test_prepare_creates_the_partitions_instance_and_unprepare_destroys_it
     assert await state.unprepare(ref) is None  # repeating it is harmless
 
 
-async def test_a_whole_gpu_needs_no_instance(rig: Rig, tmp_path: Path) -> None:
+async def test_the_whole_gpu_of_a_mig_mode_gpu_is_not_offered(rig: Rig, tmp_path: Path) -> None:
+    # A container given the whole GPU of a MIG-mode GPU would get no MIG device to run on.
+    inventory = await rig.backend.inventory()
+    assert "gpu-0" not in inventory.by_name
+    assert {d.partition_of for d in inventory.devices} == {"gpu-0"}
+    assert len(inventory.devices) == 25  # every A100 40GB placement
     api = Claims()
     state = agent(rig, tmp_path, api)
-    assert isinstance(await state.prepare(api.add("whole", "gpu-0")), Prepared)
+    failed = await state.prepare(api.add("whole", "gpu-0"))
+    assert isinstance(failed, PrepareFailed)
+    assert "device gpu-0 is not on node node-01" in failed.message
     assert await rig.backend.mig_instances() == ()
 
 
@@ -177,7 +188,7 @@ async def test_mig_profile_config_refuses_a_partition_of_another_profile(
 ) -> None:
     api = Claims()
     state = agent(rig, tmp_path, api)
-    config = [
+    config: list[Any] = [
         {
             "source": "FromClaim",
             "requests": ["gpu"],
@@ -198,9 +209,6 @@ async def test_mig_profile_config_refuses_a_partition_of_another_profile(
         ".migProfile asks for a MIG partition of profile 3g.20gb, but the device allocated, "
         f"{P1G}, is a 1g.5gb partition"
     )
-    whole = await state.prepare(api.add("whole", "gpu-0", config=config))
-    assert isinstance(whole, PrepareFailed)
-    assert "the device allocated, gpu-0, is not a MIG partition" in whole.message
     assert await rig.backend.mig_instances() == ()
 
     assert isinstance(await state.prepare(api.add("right", P3G, config=config)), Prepared)
@@ -326,3 +334,184 @@ async def test_a_rebuilt_checkpoint_adopts_the_instance_of_its_claim_instead_of_
     assert (await restarted.recover())[0].startswith("recorded MIG instance gpu-0 3g.20gb")
     assert await rig.backend.mig_instances() == (instance,)
     assert recorded(tmp_path) == {"a": [instance]}
+
+
+# ---- MIG without privileges -------------------------------------------------------------------
+
+UNPRIVILEGED_PROFILE = f"""\
+nodes:
+  {NODE}:
+    devices:
+    - {{memory: 40Gi, migCapable: true, mig: A100-40GB, migManagement: denied}}
+    - {{memory: 80Gi}}
+"""
+
+
+@dataclasses.dataclass
+class Unprivileged:
+    backend: MigBackend
+    fake: FakeNvml | None = None
+
+
+@pytest.fixture(params=["simulated", "nvml"])
+def unprivileged(request: pytest.FixtureRequest, tmp_path: Path) -> Unprivileged:
+    """gpu-0 in MIG mode, which NVML does not let this agent manage, and gpu-1 without MIG."""
+    if request.param == "simulated":
+        profile = simulated.parse_profile(UNPRIVILEGED_PROFILE)
+        return Unprivileged(
+            simulated.SimulatedBackend(profile, NODE, hardware_dir=tmp_path / "hardware")
+        )
+    plain = FakeGpu(uuid="GPU-5f2a1c3e-0001-4000-8000-000000000001", bus_id=b"00000000:2A:00.0")
+    fake = FakeNvml([a100_in_mig_mode(uuid="GPU-5f2a1c3e-0000-4000-8000-000000000000"), plain])
+    fake.privileged = False  # no CAP_SYS_ADMIN, no NVIDIA_MIG_CONFIG_DEVICES
+    return Unprivileged(nvml.NvmlBackend(NODE, nvml=fake), fake)
+
+
+async def test_a_mig_mode_gpu_nvml_refuses_to_manage_publishes_nothing_and_the_rest_goes_on(
+    unprivileged: Unprivileged, tmp_path: Path
+) -> None:
+    backend = unprivileged.backend
+    inventory = await backend.inventory()
+    assert [d.name for d in inventory.devices] == ["gpu-1"]  # no partition, no whole GPU
+    assert not inventory.counter_sets
+    (refusal,) = backend.mig_refusals()
+    assert refusal.gpu == "gpu-0"
+    assert refusal.call == "nvmlDeviceGetGpuInstancePossiblePlacements"
+    assert "agent.mig.manage=true" in str(refusal)
+    assert "CAP_SYS_ADMIN and NVIDIA_MIG_CONFIG_DEVICES=all" in str(refusal)
+
+    api = Claims()
+    state = agent(Rig("unprivileged", backend, lambda: None, lambda u: {}), tmp_path, api)
+    repaired = await state.recover()  # lists MIG instances: refused, and the agent starts
+    assert repaired == [f"MIG management refused: {refusal}"]
+    value = metrics.AGENT.get_sample_value(
+        "dra_gpu_mig_management", {"node": NODE, "gpu": "gpu-0", "state": "refused"}
+    )
+    assert value == 1
+    assert isinstance(await state.prepare(api.add("plain", "gpu-1")), Prepared)
+    failed = await state.prepare(api.add("part", P3G))  # allocated before privileges went
+    assert isinstance(failed, PrepareFailed)
+    assert f"device {P3G} is not on node node-01" in failed.message
+
+
+async def test_creating_an_instance_without_privileges_says_which_value_to_set(
+    unprivileged: Unprivileged,
+) -> None:
+    with pytest.raises(model.InventoryError) as refused:
+        await unprivileged.backend.create_mig_instance(model.MigPlacement("gpu-0", "3g.20gb", 4))
+    assert "gpu-0" in str(refused.value)
+    assert "agent.mig.manage=true" in str(refused.value)
+    if unprivileged.fake is not None:
+        assert unprivileged.fake.instances[0] == []
+
+
+def test_the_fake_refuses_exactly_what_nvml_h_says_needs_a_privileged_user() -> None:
+    fake = FakeNvml([a100_in_mig_mode()])
+    fake.privileged = False
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    # Unprivileged: the profiles, the MIG mode, MIG device handles.
+    assert fake.nvmlDeviceGetMigMode(handle) == [1, 1]
+    assert fake.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).sliceCount == 1
+    with pytest.raises(fake.NVMLError) as refused:
+        fake.nvmlDeviceGetGpuInstancePossiblePlacements(handle, 0, [], None)
+    assert refused.value.value == fake.NVML_ERROR_NO_PERMISSION
+    assert str(refused.value) == "Insufficient Permissions"
+    assert "nvmlDeviceGetGpuInstances" in PRIVILEGED_CALLS
+    assert "nvmlDeviceCreateGpuInstanceWithPlacement" in PRIVILEGED_CALLS
+    assert "nvmlGpuInstanceDestroy" in PRIVILEGED_CALLS
+    assert "nvmlDeviceGetGpuInstanceProfileInfo" not in PRIVILEGED_CALLS
+
+
+# ---- instances of others ----------------------------------------------------------------------
+
+
+def mig_manager(rig: Rig, tmp_path: Path) -> MigBackend:
+    """Another maker of MIG instances on the same GPUs (the GPU Operator's mig-manager)."""
+    if rig.fake is not None:
+        return nvml.NvmlBackend(NODE, nvml=rig.fake)
+    return simulated.SimulatedBackend(
+        simulated.parse_profile(PROFILE), NODE, hardware_dir=tmp_path / "run" / "hardware"
+    )
+
+
+async def test_instances_of_others_are_left_alone_and_their_placements_not_offered(
+    rig: Rig, tmp_path: Path
+) -> None:
+    theirs = await mig_manager(rig, tmp_path).create_mig_instance(
+        model.MigPlacement("gpu-0", "3g.20gb", 4)
+    )
+    api = Claims()
+    state = agent(rig, tmp_path, api)
+    repaired = await state.recover()
+
+    assert await rig.backend.mig_instances() == (theirs,)
+    assert repaired == [f"left MIG instance {theirs} alone: not made by this agent"]
+    inventory = await rig.backend.inventory()
+    offered = {mig.placement_of(d) for d in inventory.devices}
+    # Nothing over its memory slices 4-7; what fits in slices 0-3 and 4 compute slices is.
+    for device in inventory.devices:
+        start, size = device.attributes["placementStart"], device.attributes["memorySlices"]
+        assert isinstance(start, model.IntValue)
+        assert isinstance(size, model.IntValue)
+        assert start.value + size.value <= 4, device.name
+    assert model.MigPlacement("gpu-0", "4g.20gb", 0) in offered
+    assert model.MigPlacement("gpu-0", "3g.20gb", 0) in offered
+    assert model.MigPlacement("gpu-0", "3g.20gb", 4) not in offered
+    (counters,) = inventory.counter_sets
+    assert dict(counters.counters) == {
+        **{f"memory-slice-{i}": 1 for i in range(4)},
+        "compute-slices": 4,
+        "media-extensions": 1,
+    }
+    # A claim of the agent's goes beside it; unprepare takes only its own.
+    ref = api.add("a", "gpu-0-mig-4g-20gb-0")
+    assert isinstance(await state.prepare(ref), Prepared)
+    assert await state.unprepare(ref) is None
+    assert await rig.backend.mig_instances() == (theirs,)
+    # A restart changes nothing: still theirs.
+    assert await agent(rig, tmp_path, api).recover() == repaired
+    assert await rig.backend.mig_instances() == (theirs,)
+
+
+async def test_an_agent_that_owns_the_layout_destroys_the_instances_it_does_not_record(
+    rig: Rig, tmp_path: Path
+) -> None:
+    theirs = await mig_manager(rig, tmp_path).create_mig_instance(
+        model.MigPlacement("gpu-0", "3g.20gb", 4)
+    )
+    state = agent(rig, tmp_path, Claims(), own_layout=True)
+    assert await state.recover() == [f"destroyed MIG instance {theirs}: no prepared claim holds it"]
+    assert await rig.backend.mig_instances() == ()
+    assert len((await rig.backend.inventory()).devices) == 25
+
+
+async def test_a_half_made_instance_of_ours_is_destroyed_while_others_are_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Killed between the GPU instance and its compute instance: a GI without a CI, which
+    # nothing records; the intents file says it is ours.
+    fake = FakeNvml([a100_in_mig_mode()])
+    backend = nvml.NvmlBackend(NODE, nvml=fake)
+    rig = Rig("nvml", backend, lambda: fake.reset(0), lambda u: {}, fake)
+    theirs = await mig_manager(rig, tmp_path).create_mig_instance(
+        model.MigPlacement("gpu-0", "1g.5gb", 0)
+    )
+
+    def killed(gpu_instance: Any, profile_id: int) -> Any:
+        raise Killed
+
+    api = Claims()
+    ref = api.add("a", P3G)
+    monkeypatch.setattr(fake, "nvmlGpuInstanceCreateComputeInstance", killed)
+    with pytest.raises(Killed):
+        await agent(rig, tmp_path, api).prepare(ref)
+    monkeypatch.undo()
+    half = [i for i in await backend.mig_instances() if i.placement.profile == "3g.20gb"]
+    assert [i.compute_instance for i in half] == [None]
+
+    restarted = agent(rig, tmp_path, api)
+    repaired = await restarted.recover()
+    assert await backend.mig_instances() == (theirs,)
+    assert f"destroyed MIG instance {half[0]}: no prepared claim holds it" in repaired
+    assert isinstance(await restarted.prepare(ref), Prepared)

@@ -54,7 +54,7 @@ def state(
         api=api,
         driver=DRIVER,
         node="node-01",
-        container_env=SIMULATED.container_env,
+        container_edits=SIMULATED.container_edits,
         cdi_dir=tmp_path / "cdi",
         checkpoint_file=tmp_path / "checkpoint" / "checkpoint.json",
         inventory=inventory,

@@ -100,6 +100,12 @@ def explained(pending: Body, claims: list[Body], *, only: str | None = None) -> 
 
 
 WHOLE = f'device.attributes["{DRIVER}"].type == "gpu" && !device.allowMultipleAllocations'
+FULL = "gpu-0-mig-7g-40gb-0"
+"""The full-size partition: a MIG-mode GPU is published as partitions only (no whole GPU)."""
+FULL_SIZE = (
+    f'"profile" in device.attributes["{DRIVER}"] && '
+    f'device.attributes["{DRIVER}"].profile == "7g.40gb"'
+)
 HELD = [
     claim("a", result("gpu-0-mig-3g-20gb-0")),  # memory slices 0-3, 3 compute slices
     claim("b", result("gpu-0-mig-1g-5gb-4")),  # memory slice 4, 1 compute slice
@@ -121,11 +127,13 @@ def test_a_pool_reads_its_counter_sets_and_each_device_what_it_consumes() -> Non
         "compute-slices": 3,
         **{f"memory-slice-{i}": 1 for i in range(4, 8)},
     }
-    assert len(pool.consumers["gpu-0-counters"]) == 26
-    assert pool.memory_carriers == {"gpu-0-counters": pool.positions["gpu-0"]}
+    assert len(pool.consumers["gpu-0-counters"]) == 25
+    assert "gpu-0" not in pool.positions
+    # The GPU's memory counts once: its full-size partition's stands for it.
+    assert pool.memory_carriers == {"gpu-0-counters": pool.positions[FULL]}
     shared = device(pool, "gpu-1")
     assert shared.shared
-    assert not device(pool, "gpu-0").shared
+    assert not device(pool, FULL).shared
     assert shared.capacities["memory"] == inventory.Capacity(
         Fraction(80 * GI), default=Fraction(10 * GI), minimum=Fraction(GI), step=Fraction(GI)
     )
@@ -207,7 +215,7 @@ def test_partitions_held_use_the_counters_they_consume() -> None:
     }
     assert used.allocated == {"gpu-0-counters": 2}
     free = {d.name for d in pool.devices if usage.available(d)}
-    # The whole GPU and every placement over slices 0-4 are not free; 3 compute slices are left.
+    # Every placement over slices 0-4 is not free (the 7g one neither); 3 compute slices left.
     assert free == {
         "gpu-1",
         "gpu-0-mig-1g-5gb-5",
@@ -216,7 +224,7 @@ def test_partitions_held_use_the_counters_they_consume() -> None:
         "gpu-0-mig-1g-5gb-me-6",
         "gpu-0-mig-1g-10gb-6",
     }
-    short = usage.short(device(pool, "gpu-0"))
+    short = usage.short(device(pool, FULL))
     assert {(s.counter, int(s.free)) for s in short} == {
         ("compute-slices", 3),
         *((f"memory-slice-{i}", 0) for i in range(5)),
@@ -227,7 +235,7 @@ def test_per_node_counts_a_partitioned_gpu_once_and_free_only_what_a_claim_could
     usage, pool = usage_of(HELD)
     held = inventory.allocated(HELD)
     counts = inventory.per_node(pool.devices, held, DRIVER, usage)["node-01"]
-    assert (counts.published, counts.allocated, counts.free) == (27, 2, 6)
+    assert (counts.published, counts.allocated, counts.free) == (26, 2, 6)
     # gpu-0 counts its 40Gi once (not once per placement); gpu-1 its 80Gi.
     assert counts.memory == 120 * GI
     assert counts.memory_allocated == 25 * GI
@@ -244,7 +252,7 @@ def test_a_shared_device_is_free_while_a_share_fits_and_counts_what_its_shares_c
     assert usage.memory(gpu_1) == (80 * GI, 50 * GI)
     assert usage.shares(gpu_1.key) == 2
     counts = inventory.per_node(pool.devices, inventory.allocated(shares), DRIVER, usage)
-    assert (counts["node-01"].allocated, counts["node-01"].free) == (1, 27)
+    assert (counts["node-01"].allocated, counts["node-01"].free) == (1, 26)
     full, pool = usage_of([*shares, claim("c", result("gpu-1", share="s3", memory="30Gi"))])
     assert not full.available(device(pool, "gpu-1"))
     alone, pool = usage_of([claim("d", result("gpu-1"))])  # held without a share: taken
@@ -263,7 +271,7 @@ def test_a_shared_device_consumes_its_counters_once_for_all_its_shares() -> None
     usage = partitions.Usage(inventory.HolderIndex.of(held), {pool.key: pool})
     assert usage.available(device(pool, "gpu-0-mig-3g-20gb-4"))  # another share: no charge
     assert usage.available(device(pool, "gpu-0-mig-4g-20gb-0"))  # slices 0-3, 4 + 3 compute
-    assert not usage.available(device(pool, "gpu-0"))
+    assert not usage.available(device(pool, FULL))
     assert usage.pool(pool.key).used["gpu-0-counters"]["compute-slices"] == 3
 
 
@@ -309,18 +317,29 @@ def test_the_gauges_per_counter_set_and_shared_device_follow_the_allocations() -
 # --- explanations ---
 
 
-def test_the_whole_gpu_pending_names_the_counters_the_partitions_hold() -> None:
-    pending = claim("whole", requests=request(WHOLE))
+def test_the_full_size_partition_pending_names_the_counters_the_partitions_hold() -> None:
+    pending = claim("full", requests=request(FULL_SIZE))
     found = explained(pending, HELD)
     assert found.reason == Reason.DEVICES_ALLOCATED
     assert found.message.endswith(
-        "node-01/gpu-0 needs compute-slices 7 of gpu-0-counters, 3 free; memory-slice 8, 3 free "
+        f"node-01/{FULL} needs compute-slices 7 of gpu-0-counters, 3 free; memory-slice 8, 3 free "
         "(held by ns/a, ns/b)"
     )
     (req,) = found.requests
     verdicts = {d.device: d.verdict for d in req.devices}
-    assert verdicts["gpu-0"] == Verdict.COUNTERS
+    assert verdicts[FULL] == Verdict.COUNTERS
     assert verdicts["gpu-0-mig-1g-5gb-6"] == Verdict.MISMATCH
+
+
+def test_a_claim_for_the_whole_gpu_of_a_mig_mode_gpu_finds_no_device() -> None:
+    # Only partitions are published for gpu-0; the whole-GPU selector matches none of them.
+    found = explained(claim("whole", requests=request(WHOLE)), [])
+    assert found.reason == Reason.NO_DEVICE_FITS
+    (req,) = found.requests
+    assert "gpu-0" not in {d.device for d in req.devices}
+    assert {d.verdict for d in req.devices if d.device.startswith("gpu-0-mig-")} == {
+        Verdict.MISMATCH
+    }
 
 
 def profile(name: str) -> str:
@@ -393,16 +412,13 @@ def test_a_request_no_device_could_ever_hold_is_a_mismatch_with_the_amounts() ->
     found = explained(claim("p", requests=request(SHARED, "100Gi")), [])
     assert found.reason == Reason.NO_DEVICE_FITS
     assert texts(found, "gpu-1") == ["node-01/gpu-1 has memory 80Gi, the request asks 100Gi"]
-    whole = explained(claim("q", requests=request(WHOLE, "64Gi")), [])
-    assert whole.message == (
-        "request gpu: no device fits: node-01/gpu-0 has memory 40Gi, the request asks 64Gi; "
-        + whole.message.split("64Gi; ", 1)[1]
-    )
-    assert texts(whole, "gpu-0") == ["node-01/gpu-0 has memory 40Gi, the request asks 64Gi"]
-    cores = request(WHOLE)
+    full = explained(claim("q", requests=request(FULL_SIZE, "64Gi")), [])
+    assert full.message.startswith("request gpu: no device fits: ")
+    assert texts(full, FULL) == [f"node-01/{FULL} has memory 40Gi, the request asks 64Gi"]
+    cores = request(FULL_SIZE)
     cores[0]["exactly"]["capacity"] = {"requests": {"cores": "2"}}
     missing = explained(claim("r", requests=cores), [])
-    assert texts(missing, "gpu-0") == ["node-01/gpu-0 has no cores capacity, the request asks 2"]
+    assert texts(missing, FULL) == [f"node-01/{FULL} has no cores capacity, the request asks 2"]
     policy = inventory.Capacity(Fraction(40 * GI), maximum=Fraction(24 * GI), minimum=Fraction(GI))
     miss = partitions.ShareMiss("memory", "policy", Fraction(30 * GI), Fraction(30 * GI), policy)
     assert partitions.share_text("node-01/gpu-1", miss, ()) == (
@@ -432,7 +448,7 @@ def test_the_controller_explains_again_when_a_partition_takes_counters_of_the_gp
     )
     for body in node_slices():
         view.apply("ResourceSlice", "ADDED", body)
-    view.apply("ResourceClaim", "ADDED", claim("whole", requests=request(WHOLE)))
+    view.apply("ResourceClaim", "ADDED", claim("whole", requests=request(FULL_SIZE)))
     view.apply(
         "Pod",
         "ADDED",
@@ -445,11 +461,11 @@ def test_the_controller_explains_again_when_a_partition_takes_counters_of_the_gp
     explainer.note(view.take_changes())
     explainer.refresh()
     assert explainer.last("ns/whole").reason == Reason.SATISFIABLE  # type: ignore[union-attr]
-    view.apply("ResourceClaim", "ADDED", HELD[1])  # a 1g.5gb: not the whole GPU, its counters
+    view.apply("ResourceClaim", "ADDED", HELD[1])  # a 1g.5gb: not the 7g one, its counters
     explainer.note(view.take_changes())
     assert explainer.refresh() == 1
     assert explainer.last("ns/whole").message.endswith(  # type: ignore[union-attr]
-        "node-01/gpu-0 needs compute-slices 7 of gpu-0-counters, 6 free; memory-slice 8, 7 free "
+        f"node-01/{FULL} needs compute-slices 7 of gpu-0-counters, 6 free; memory-slice 8, 7 free "
         "(held by ns/b)"
     )
 

@@ -10,8 +10,11 @@ Events: ``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents`` / ``nvmlEventSetWa
 ``nvmlEventSetFree`` behave as NVML's do (a wait that times out raises ``NVML_ERROR_TIMEOUT``; the
 event data has the ctypes struct's field names); a test raises an event with ``emit``.
 
-MIG: a GPU with ``mig_mode=1`` has the GPU instance profiles of its ``mig_table`` (NVIDIA's,
-from ``devices.mig``; NVML's profile ids), answered in pynvml's own ctypes structs; GPU and
+MIG: a MIG-capable GPU has the GPU instance profiles of its model (``devices.gpu_models``:
+NVML's answers, checked against NVIDIA's go-nvml mocks by ``test_nvml_oracle.py``), asked for by
+profile enum and answered with NVML's own profile ids (19 for an A100's 1g.5gb, not the enum's
+0), and their possible placements, whether or not MIG mode is on (nvml.h); listing, creating
+and destroying instances needs MIG mode. Answers come in pynvml's own ctypes structs; GPU and
 compute instance handles are ctypes pointers as pynvml returns them, and arrays passed by the
 caller (possible placements, GPU instances) are filled in as the C library fills them. Creating
 an instance checks what the hardware checks (a possible placement, memory slices free, compute
@@ -30,7 +33,7 @@ from typing import Any, ClassVar
 
 import pynvml
 
-from dra_gpu.devices import mig
+from dra_gpu.devices import gpu_models, mig
 
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -48,6 +51,7 @@ NVML_ERROR_UNKNOWN = 999
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_GPU_INSTANCE_PROFILE_COUNT = 18
+NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 9
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
 
 # pynvml's own ctypes types: what the backend allocates and reads is what the C library fills.
@@ -62,6 +66,9 @@ NVML_DEVICE_ARCH_HOPPER = 9
 nvmlEventTypeSingleBitEccError = 0x1
 nvmlEventTypeDoubleBitEccError = 0x2
 nvmlEventTypeXidCriticalError = 0x8
+NVML_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t's GPU/compute instance id of a GPU-wide event
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
 
 _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -75,7 +82,29 @@ _MESSAGES = {
     NVML_ERROR_IN_USE: "In use by another client",
     NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
     NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
 }
+
+PRIVILEGED_CALLS = frozenset(
+    {
+        # nvml.h marks these "Requires privileged user": an unprivileged caller (an agent
+        # container without CAP_SYS_ADMIN and NVIDIA_MIG_CONFIG_DEVICES) gets NO_PERMISSION.
+        "nvmlDeviceGetGpuInstancePossiblePlacements",
+        "nvmlDeviceGetGpuInstanceRemainingCapacity",
+        "nvmlDeviceCreateGpuInstance",
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "nvmlGpuInstanceDestroy",
+        "nvmlDeviceGetGpuInstances",
+        "nvmlDeviceGetGpuInstanceById",
+        "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
+        "nvmlGpuInstanceGetComputeInstancePossiblePlacements",
+        "nvmlGpuInstanceCreateComputeInstance",
+        "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+        "nvmlComputeInstanceDestroy",
+        "nvmlGpuInstanceGetComputeInstances",
+        "nvmlGpuInstanceGetComputeInstanceById",
+    }
+)
 
 
 class NVMLError(Exception):
@@ -106,6 +135,7 @@ NVMLError_Uninitialized = _error_class("NVMLError_Uninitialized", NVML_ERROR_UNI
 NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
 NVMLError_DriverNotLoaded = _error_class("NVMLError_DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
 NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+NVMLError_NoPermission = _error_class("NVMLError_NoPermission", NVML_ERROR_NO_PERMISSION)
 
 
 @dataclasses.dataclass
@@ -123,20 +153,31 @@ class FakeGpu:
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
     mig_mode: int = NVML_DEVICE_MIG_DISABLE
     mig_table: mig.MigTable = mig.H100_80GB
+    lost: bool = False
+    """Fallen off the bus (``FakeNvml.lose``): every call about it answers GPU_IS_LOST."""
+    recovery_action: int | None = 0
+    """Field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t; 0 = none);
+    None: a driver without the field (its value answers NOT_SUPPORTED)."""
+    """The model's partition table; its ``model`` names the ``gpu_models`` model answered."""
+    gpu_model: gpu_models.GpuModel | None = None
+    """The MIG model NVML's MIG calls answer for; None: the one ``mig_table`` names."""
+
+    @property
+    def mig_model(self) -> gpu_models.GpuModel:
+        if self.gpu_model is not None:
+            return self.gpu_model
+        found = gpu_models.by_mig_model(self.mig_table.model)
+        if found is None:
+            raise ValueError(f"no gpu_models model for MIG table {self.mig_table.model}")
+        return found
 
 
-def nvml_profile_id(profile: mig.MigProfile) -> int:
-    """NVML's GPU instance profile id (nvml.h NVML_GPU_INSTANCE_PROFILE_*) of a profile."""
-    key = (profile.compute_slices, profile.memory_slices, profile.media_extensions)
-    return {
-        (1, 1, False): 0,  # 1_SLICE
-        (2, 2, False): 1,  # 2_SLICE
-        (3, 4, False): 2,  # 3_SLICE
-        (4, 4, False): 3,  # 4_SLICE
-        (7, 8, False): 4,  # 7_SLICE
-        (1, 1, True): 7,  # 1_SLICE_REV1 (+me)
-        (1, 2, False): 9,  # 1_SLICE_REV2
-    }[key]
+def nvml_profile_id(gpu: FakeGpu, profile: mig.MigProfile) -> int:
+    """NVML's GPU instance profile id (``info.id``) of a profile of ``gpu``'s model."""
+    for found in gpu.mig_model.profiles:
+        if found.name == profile.name:
+            return found.id
+    raise ValueError(f"{gpu.mig_model.key} has no MIG profile {profile.name}")
 
 
 @dataclasses.dataclass(eq=False)
@@ -195,8 +236,8 @@ class _EventData:
     device: _Handle
     eventType: int
     eventData: int
-    gpuInstanceId: int = 0
-    computeInstanceId: int = 0
+    gpuInstanceId: int = NVML_NO_INSTANCE  # nvml.h: 0xFFFFFFFF unless MIG-scoped
+    computeInstanceId: int = NVML_NO_INSTANCE
 
 
 @dataclasses.dataclass(eq=False)
@@ -204,6 +245,7 @@ class _EventSet:
     registered: dict[int, int] = dataclasses.field(default_factory=dict)  # index -> types
     events: queue.Queue[_EventData] = dataclasses.field(default_factory=queue.Queue)
     freed: bool = False
+    lost_pending: bool = False  # a GPU was lost since the last wait: it answers GPU_IS_LOST
 
 
 def a100_in_mig_mode(**fields: Any) -> FakeGpu:
@@ -225,9 +267,11 @@ class FakeNvml:
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
     NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
     nvmlEventTypeDoubleBitEccError = nvmlEventTypeDoubleBitEccError
     NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
     NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
     NVML_GPU_INSTANCE_PROFILE_COUNT = NVML_GPU_INSTANCE_PROFILE_COUNT
@@ -254,6 +298,9 @@ class FakeNvml:
         self.event_sets: list[_EventSet] = []
         self.instances: dict[int, list[_GpuInstance]] = {i: [] for i in range(len(self.gpus))}
         self._uuids = itertools.count(1)
+        self.privileged = True
+        """False: the caller is no privileged user, and every call of ``PRIVILEGED_CALLS``
+        answers NVML_ERROR_NO_PERMISSION (an agent container without MIG's privileges)."""
 
     # ---- for tests ------------------------------------------------------------------------
 
@@ -264,22 +311,43 @@ class FakeNvml:
     def mig_uuids(self, index: int) -> list[str]:
         return [c.uuid for g in self.instances[index] for c in g.computes]
 
-    def emit(self, index: int, event_type: int, data: int = 0) -> None:
-        """An event on GPU ``index``, delivered to every event set registered for it."""
+    def emit(
+        self,
+        index: int,
+        event_type: int,
+        data: int = 0,
+        gpu_instance: int = NVML_NO_INSTANCE,
+        compute_instance: int = NVML_NO_INSTANCE,
+    ) -> None:
+        """An event on GPU ``index``, delivered to every event set registered for it; a
+        MIG-scoped XID names its GPU (and compute) instance as nvmlEventData_t does."""
         for event_set in self.event_sets:
             if not event_set.freed and event_set.registered.get(index, 0) & event_type:
-                event_set.events.put(_EventData(_Handle(index), event_type, data))
+                event = _EventData(_Handle(index), event_type, data)
+                event.gpuInstanceId, event.computeInstanceId = gpu_instance, compute_instance
+                event_set.events.put(event)
+
+    def lose(self, index: int) -> None:
+        """GPU ``index`` falls off the bus: from now on every call about it (its handle, its
+        UUID, ...) answers GPU_IS_LOST, and the next event wait does once."""
+        self.gpus[index].lost = True
+        for event_set in self.event_sets:
+            event_set.lost_pending = True
 
     def _enter(self, name: str, handle: _Handle | None = None) -> FakeGpu | None:
         self.call_threads.append((name, threading.get_ident()))
         code = self.errors.get(name)
         if code is not None:
             raise NVMLError(code)
+        if name in PRIVILEGED_CALLS and not self.privileged:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
         if name != "nvmlInit" and not self.initialised:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         if handle is None:
             return None
         gpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if name in gpu.errors:
             raise NVMLError(gpu.errors[name])
         return gpu
@@ -315,6 +383,8 @@ class FakeNvml:
         self._enter("nvmlDeviceGetHandleByIndex")
         if not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if self.gpus[index].lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)  # nvml.h: "fallen off the bus"
         return _Handle(index)
 
     def nvmlDeviceGetUUID(self, handle: _Handle | _MigHandle) -> str:
@@ -322,6 +392,10 @@ class FakeNvml:
             self._enter("nvmlDeviceGetUUID")
             return handle.uuid
         return self._gpu("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        self._gpu("nvmlDeviceGetMinorNumber", handle)
+        return handle.index  # /dev/nvidia<index>, as go-nvml's mock numbers them
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
         return self._gpu("nvmlDeviceGetName", handle).name
@@ -367,10 +441,26 @@ class FakeNvml:
 
     def nvmlEventSetWait_v2(self, eventSet: _EventSet, timeoutms: int) -> _EventData:
         self._enter("nvmlEventSetWait_v2")
+        if eventSet.lost_pending:
+            eventSet.lost_pending = False
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         try:
             return eventSet.events.get(timeout=timeoutms / 1000)
         except queue.Empty:
             raise NVMLError(NVML_ERROR_TIMEOUT) from None
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, fieldIds: list[int]) -> Any:
+        """As pynvml's: an array of c_nvmlFieldValue_t, each with its own nvmlReturn."""
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for value, field in zip(values, fieldIds, strict=True):
+            value.fieldId = field
+            if field == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.recovery_action
+            else:
+                value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return values
 
     def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
         self._enter("nvmlEventSetFree")
@@ -384,10 +474,19 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
+    def _mig_capable(self, name: str, handle: _Handle) -> FakeGpu:
+        gpu = self._gpu(name, handle)
+        if not gpu.mig_capable:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
     def _profile(self, gpu: FakeGpu, profile_id: int) -> mig.MigProfile:
-        for profile in gpu.mig_table.profiles:
-            if nvml_profile_id(profile) == profile_id:
-                return profile
+        """The profile of NVML's id ``profile_id`` (``info.id``, not the enum) on ``gpu``."""
+        found = gpu.mig_model.by_id(profile_id)
+        if found is not None:
+            for profile in gpu.mig_table.profiles:
+                if profile.name == found.name:
+                    return profile
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
     def _gpu_instance(self, name: str, handle: Any) -> tuple[int, _GpuInstance]:
@@ -402,22 +501,27 @@ class FakeNvml:
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: _Handle, profile: int, version: int = 2
     ) -> Any:
-        gpu = self._mig_gpu("nvmlDeviceGetGpuInstanceProfileInfo", device)
+        # nvml.h: "not supported" only where the GPU has no MIG or no such profile; the
+        # answer does not depend on the MIG mode.
+        gpu = self._mig_capable("nvmlDeviceGetGpuInstanceProfileInfo", device)
         if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        found = self._profile(gpu, profile)
+        found = gpu.mig_model.by_enum(profile)
+        if found is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
-        info.id = profile
+        info.id = found.id  # NVML's profile id, not the enum asked for
         info.sliceCount = found.compute_slices
-        info.instanceCount = 1 if found.media_extensions else len(found.starts)
-        info.memorySizeMB = found.memory_gib * 1024 - 512  # NVML reports a little less
+        info.instanceCount = found.instance_count
+        info.memorySizeMB = found.memory_mib
         info.name = f"MIG {found.name}".encode()
         return info
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, device: _Handle, profileId: int, placementsRef: Any, countRef: Any
     ) -> int:
-        gpu = self._mig_gpu("nvmlDeviceGetGpuInstancePossiblePlacements", device)
+        # nvml.h: "all the possible placements ... regardless of whether MIG is enabled".
+        gpu = self._mig_capable("nvmlDeviceGetGpuInstancePossiblePlacements", device)
         profile = self._profile(gpu, profileId)
         if len(placementsRef) < len(profile.starts):
             raise NVMLError(NVML_ERROR_INSUFFICIENT_SIZE)
@@ -465,10 +569,10 @@ class FakeNvml:
         raise NVMLError(NVML_ERROR_NOT_FOUND)
 
     def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> Any:
-        _, instance = self._gpu_instance("nvmlGpuInstanceGetInfo", gpuInstance)
+        index, instance = self._gpu_instance("nvmlGpuInstanceGetInfo", gpuInstance)
         info = pynvml.c_nvmlGpuInstanceInfo_t()
         info.id = instance.id
-        info.profileId = nvml_profile_id(instance.placement.profile)
+        info.profileId = nvml_profile_id(self.gpus[index], instance.placement.profile)
         info.placement.start = instance.placement.start
         info.placement.size = instance.placement.profile.memory_slices
         return info
@@ -476,16 +580,23 @@ class FakeNvml:
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
         self, device: Any, profile: int, engProfile: int, version: int = 2
     ) -> Any:
-        _, instance = self._gpu_instance("nvmlGpuInstanceGetComputeInstanceProfileInfo", device)
-        slices = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}.get(profile)
-        if slices is None or engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+        index, instance = self._gpu_instance("nvmlGpuInstanceGetComputeInstanceProfileInfo", device)
+        # As go-nvml's mock answers: an enum out of range is invalid, other engine profiles
+        # and compute profiles the GPU instance's profile lacks are not supported.
+        if not 0 <= profile < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        if slices > instance.placement.profile.compute_slices:
+        if engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self.gpus[index]
+        gi_profile = gpu.mig_model.by_id(nvml_profile_id(gpu, instance.placement.profile))
+        assert gi_profile is not None
+        compute = next((c for c in gi_profile.compute_profiles if c.enum == profile), None)
+        if compute is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
-        info.id = profile
-        info.sliceCount = slices
-        info.instanceCount = instance.placement.profile.compute_slices // slices
+        info.id = compute.enum
+        info.sliceCount = compute.slices
+        info.instanceCount = compute.instances
         return info
 
     def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
@@ -556,3 +667,28 @@ class FakeNvml:
     def nvmlDeviceGetComputeInstanceId(self, device: _MigHandle) -> int:
         self._enter("nvmlDeviceGetComputeInstanceId")
         return device.compute_instance
+
+    # ---- compute mode (nvml.h: nvmlDeviceGetComputeMode, nvmlDeviceSetComputeMode) ----------
+
+    NVML_COMPUTEMODE_DEFAULT = 0  # nvmlComputeMode_t; 1 (EXCLUSIVE_THREAD) is deprecated
+    NVML_COMPUTEMODE_PROHIBITED = 2
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+
+    @property
+    def compute_modes(self) -> dict[int, int]:
+        """GPU index -> its compute mode (NVML_COMPUTEMODE_DEFAULT until set)."""
+        modes: dict[int, int] = self.__dict__.setdefault("_compute_modes", {})
+        return modes
+
+    def nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
+        self._gpu("nvmlDeviceGetComputeMode", handle)
+        return self.compute_modes.get(handle.index, self.NVML_COMPUTEMODE_DEFAULT)
+
+    def nvmlDeviceSetComputeMode(self, handle: _Handle, mode: int) -> None:
+        # nvml.h: "Requires root/admin permissions"; a mode it does not know: INVALID_ARGUMENT.
+        self._gpu("nvmlDeviceSetComputeMode", handle)
+        if not self.privileged:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        if mode not in (0, 2, 3):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self.compute_modes[handle.index] = mode

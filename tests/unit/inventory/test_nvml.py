@@ -6,10 +6,11 @@ import importlib
 import inspect
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
-from dra_gpu.devices import mig, model, nvml
+from dra_gpu.devices import edits, gpu_models, mig, model, nvml
 from tests.unit.inventory import fake_pynvml
 from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
 
@@ -181,7 +182,7 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
         "c_nvmlGpuInstance_t",
     ):
         assert getattr(real, name) == getattr(fake_pynvml, name), name
-    # NVML's GPU instance profile ids of the fake's profiles are pynvml's.
+    # The fake's models ask for each profile by pynvml's enum (and answer NVML's own id).
     for profile, constant in (
         ("1g.5gb", "NVML_GPU_INSTANCE_PROFILE_1_SLICE"),
         ("1g.5gb+me", "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1"),
@@ -191,8 +192,11 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
         ("4g.20gb", "NVML_GPU_INSTANCE_PROFILE_4_SLICE"),
         ("7g.40gb", "NVML_GPU_INSTANCE_PROFILE_7_SLICE"),
     ):
-        (found,) = [p for p in mig.A100_40GB.profiles if p.name == profile]
-        assert fake_pynvml.nvml_profile_id(found) == getattr(real, constant), profile
+        (found,) = [p for p in gpu_models.A100_40GB.profiles if p.name == profile]
+        assert found.enum == getattr(real, constant), profile
+    assert (
+        fake_pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT == real.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+    )
     # The compute instance profile of each slice count, as the backend asks for it.
     for slices, constant in ((1, "1"), (2, "2"), (3, "3"), (4, "4"), (6, "6"), (7, "7"), (8, "8")):
         name = f"NVML_COMPUTE_INSTANCE_PROFILE_{constant}_SLICE"
@@ -221,10 +225,11 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
     assert real_fields == list(fake_pynvml._EventData.__dataclass_fields__)
 
 
-async def test_a_container_sees_its_gpu_through_nvidia_visible_devices() -> None:
-    async with nvml.NvmlBackend("node-01", nvml=FakeNvml()) as backend:
+async def test_a_container_sees_its_gpu_through_nvidia_visible_devices(tmp_path: Path) -> None:
+    async with nvml.NvmlBackend("node-01", nvml=FakeNvml(), driver_root=tmp_path) as backend:
         gpu = (await backend.inventory()).devices[1]
-        assert backend.container_env(0, gpu) == {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
+        claim = await backend.container_edits([edits.GivenDevice(gpu)])
+        assert dict(claim.common.env) == {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
 
 
 async def test_a_gpu_in_mig_mode_publishes_the_placements_nvml_reports() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import model, nvml, sharing, simulated
-from tests.unit.agent.test_share_prepare import SHARE_A, Api, Sink, spec_envs
+from tests.unit.agent.test_share_prepare import SHARE_A, Api, Sink, container_env
 from tests.unit.inventory import fake_pynvml
 from tests.unit.inventory.fake_pynvml import FakeNvml
 
@@ -121,7 +121,7 @@ async def test_a_gpu_named_by_its_index_and_by_its_uuid_is_an_error_naming_both_
         ),
         (
             f"{{gpus: all, memory: {POLICY}, share: 2}}",
-            "share: unknown field (known: gpus, memory, mode)",
+            "share: unknown field (known: activeThreadPercentage, gpus, memory, mode, timeSlice)",
         ),
         (
             "{gpus: all, memory: {default: 8Gi, min: 4Gi, limit: 1Gi}}",
@@ -163,8 +163,8 @@ async def test_a_named_gpu_in_mig_mode_stays_partitioned_and_the_skip_is_logged_
     await shared.aclose()
     assert first == second
     by_name = first.by_name
-    assert by_name["gpu-0"].sharing is None
-    assert any(d.partition_of == "gpu-0" for d in first.devices)  # published MIG-partitioned
+    assert "gpu-0" not in by_name  # published MIG-partitioned: its partitions, not shared
+    assert any(d.partition_of == "gpu-0" for d in first.devices)
     assert by_name["gpu-1"].sharing is not None
     assert [r.getMessage() for r in caplog.records] == [
         "node node-01: GPU 0 is in MIG mode, so it is published MIG-partitioned and not shared, "
@@ -205,7 +205,7 @@ async def test_a_prepared_share_of_an_nvml_gpu_names_its_uuid_and_the_share(
         api=api,  # type: ignore[arg-type]  # prepare only GETs claims
         driver="gpu.example.com",
         node="node-01",
-        container_env=gpus.container_env,
+        container_edits=gpus.container_edits,
         cdi_dir=tmp_path / "cdi",
         checkpoint_file=tmp_path / "checkpoint.json",
         inventory=inventory,
@@ -215,12 +215,10 @@ async def test_a_prepared_share_of_an_nvml_gpu_names_its_uuid_and_the_share(
     await gpus.aclose()
 
     assert isinstance(answer, Prepared)
-    assert spec_envs(tmp_path, "uid-a") == {
-        f"uid-a-gpu-0-{SHARE_A}": {
-            "NVIDIA_VISIBLE_DEVICES": UUID_0,
-            "DRA_GPU_SHARING_STRATEGY": mode,
-            "DRA_GPU_MEMORY_LIMIT": "12Gi",
-            "DRA_GPU_SHARE_ID": SHARE_A,
-            **mps,
-        }
+    assert container_env(tmp_path, "uid-a") == {
+        "NVIDIA_VISIBLE_DEVICES": UUID_0,
+        "DRA_GPU_SHARING_STRATEGY": mode,
+        "DRA_GPU_MEMORY_LIMIT": "12Gi",
+        "DRA_GPU_SHARE_ID": SHARE_A,
+        **mps,
     }

@@ -128,7 +128,11 @@ def test_time_slicing_is_the_default_mode() -> None:
             "",
             "sharing.memory.max: 64Gi is more than the memory (40Gi)",
         ),
-        ("{mem: 1}", "", "sharing.mem: unknown field (known: memory, mode)"),
+        (
+            "{mem: 1}",
+            "",
+            "sharing.mem: unknown field (known: activeThreadPercentage, memory, mode, timeSlice)",
+        ),
         (
             "{memory: {default: 8Gi, min: 4Gi}}",
             ", migCapable: true, mig: A100-40GB",

@@ -7,7 +7,7 @@ from textwrap import dedent
 import pytest
 import yaml
 
-from dra_gpu.devices import model, simulated
+from dra_gpu.devices import edits, model, pci, simulated
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "dra-gpu"
 PROFILES = CHART / "profiles"
@@ -40,9 +40,15 @@ async def test_tutorial_profile_gives_gpu_0_24gi_and_gpu_1_8gi_on_node_01() -> N
 async def test_a_container_sees_each_simulated_gpu_as_gpu_device_n() -> None:
     backend = simulated.SimulatedBackend(PROFILES / "tutorial.yaml", node="node-01")
     gpu0, gpu1 = (await backend.inventory()).devices
-    # One variable per position in the claim, so a container given both sees both.
-    assert backend.container_env(0, gpu1) == {"GPU_DEVICE_0": "gpu-1"}
-    assert backend.container_env(1, gpu0) == {"GPU_DEVICE_1": "gpu-0"}
+    claim = await backend.container_edits([edits.GivenDevice(gpu1), edits.GivenDevice(gpu0)])
+    # One variable per position in the claim, so a container given both sees both; the
+    # claim's NVIDIA_VISIBLE_DEVICES lists both, as the nvml backend's does.
+    assert [dict(e.env) for e in claim.per_device] == [
+        {"GPU_DEVICE_0": "gpu-1"},
+        {"GPU_DEVICE_1": "gpu-0"},
+    ]
+    assert dict(claim.common.env) == {"NVIDIA_VISIBLE_DEVICES": f"{gpu1.uuid},{gpu0.uuid}"}
+    assert not claim.common.device_nodes  # none exists: CDI would fail the container
 
 
 @pytest.mark.parametrize("node", ["node-02", "node-03"])
@@ -316,3 +322,74 @@ async def test_simulated_mig_instances_outlive_the_agent_but_not_the_hardware_di
     assert (
         await simulated.SimulatedBackend(profile, "n", hardware_dir=hardware).mig_instances() == ()
     )
+
+
+async def test_pcie_root_and_numa_node_are_published_as_the_nvml_backend_names_them() -> None:
+    profile = simulated.parse_profile(
+        dedent("""\
+            defaults: {pcieRoot: pci0000:17}
+            nodes:
+              n:
+                devices:
+                - {memory: 80Gi, numaNode: 1}
+                - {memory: 80Gi, pcieRoot: pci0000:a0, numaNode: 0}
+                - {memory: 80Gi, pcieRoot: pci0001:00}
+            """)
+    )
+    inventory = await simulated.SimulatedBackend(profile, "n").inventory()
+    roots = [d.attributes.get(pci.PCIE_ROOT_ATTRIBUTE) for d in inventory.devices]
+    numa = [d.attributes.get(pci.NUMA_NODE_ATTRIBUTE) for d in inventory.devices]
+    assert roots == [
+        model.StringValue("pci0000:17"),
+        model.StringValue("pci0000:a0"),
+        model.StringValue("pci0001:00"),
+    ]
+    assert numa == [model.IntValue(1), model.IntValue(0), None]
+    assert pci.PCIE_ROOT_ATTRIBUTE == "resource.kubernetes.io/pcieRoot"
+    assert pci.NUMA_NODE_ATTRIBUTE == "resource.kubernetes.io/numaNode"
+
+
+async def test_without_topology_fields_no_topology_attribute_is_published() -> None:
+    profile = simulated.parse_profile("nodes: {n: {devices: [{memory: 8Gi}]}}")
+    [device] = (await simulated.SimulatedBackend(profile, "n").inventory()).devices
+    assert pci.PCIE_ROOT_ATTRIBUTE not in device.attributes
+    assert pci.NUMA_NODE_ATTRIBUTE not in device.attributes
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "nodes: {n: {devices: [{memory: 1Gi, pcieRoot: '0000:17'}]}}",
+            "nodes.n.devices[0].pcieRoot: '0000:17' is not a PCIe root like pci0000:17",
+        ),
+        (
+            "nodes: {n: {devices: [{memory: 1Gi, pcieRoot: PCI0000:17}]}}",
+            "nodes.n.devices[0].pcieRoot: 'PCI0000:17' is not a PCIe root",
+        ),
+        (
+            "nodes: {n: {devices: [{memory: 1Gi, pcieRoot: 17}]}}",
+            "nodes.n.devices[0].pcieRoot: 17 is not a PCIe root",
+        ),
+        (
+            "nodes: {n: {devices: [{memory: 1Gi, numaNode: -1}]}}",
+            "nodes.n.devices[0].numaNode: expected a whole number from 0 to 1023",
+        ),
+        (
+            "nodes: {n: {devices: [{memory: 1Gi, numaNode: '0'}]}}",
+            "nodes.n.devices[0].numaNode: expected a whole number",
+        ),
+        (
+            "nodes: {n: {devices: [{memory: 1Gi, numaNode: true}]}}",
+            "nodes.n.devices[0].numaNode: expected a whole number",
+        ),
+        (
+            "defaults: {numaNode: 1.5}\nnodes: {n: {devices: [{memory: 1Gi}]}}",
+            "defaults.numaNode: expected a whole number",
+        ),
+    ],
+)
+def test_a_bad_pcie_root_or_numa_node_names_the_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    assert message in _profile_error(tmp_path, text)
