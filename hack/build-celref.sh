@@ -9,27 +9,4 @@
 # staging modules v0.37.2). Measured on 2 cores (with other jobs running): cold build (modules
 # already downloaded) about 60 s; a re-run with a matching stamp returns in 0.05 s.
 set -euo pipefail
-
-HACK="$(cd "$(dirname "$0")" && pwd)"
-SRC="$HACK/celref"
-CACHE_ROOT="${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}"
-STAMP="$(cat "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go" | sha256sum | cut -c1-16)"
-OUT="$CACHE_ROOT/celref/$STAMP"
-
-log() { echo "[celref $(date +%H:%M:%S)] $*" >&2; }
-
-if [[ -x "$OUT/celref" ]]; then
-  log "cached: $OUT/celref"
-  echo "$OUT/celref"
-  exit 0
-fi
-
-export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-start=$(date +%s)
-log "building celref from $SRC"
-rm -rf "$OUT.tmp.$$"; mkdir -p "$OUT.tmp.$$"
-(cd "$SRC" && nice go build -trimpath -buildvcs=false -o "$OUT.tmp.$$/celref" .)
-# Another build of the same stamp may have finished first; either binary is the same.
-mkdir -p "$OUT" && mv -f "$OUT.tmp.$$/celref" "$OUT/celref" && rm -rf "$OUT.tmp.$$"
-log "done in $(( $(date +%s) - start ))s: $OUT/celref"
-echo "$OUT/celref"
+exec "$(dirname "$0")/build-oracle.sh" celref

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import itertools
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,12 @@ class AgentSettings:
     driver_root: Path = Path("/")
     """Where the nvml backend reads the driver's device nodes (``/dev/nvidia*``) and
     ``/proc/driver/nvidia`` files for the claims' CDI specs."""
+    toolkit_cdi_kind: str = ""
+    """Workloads get GPUs through CDI only: the kind of the NVIDIA Container Toolkit's own CDI
+    spec (``nvidia.com/gpu``, from ``nvidia-ctk cdi generate --device-name-strategy=uuid``),
+    whose device prepare answers before ours for each device: a GPU's ``<kind>=GPU-<uuid>``,
+    a MIG partition's parent GPU's (the driver's libraries and hooks come with it). Empty (the
+    default): only our own devices (workloads run with the toolkit's runtime)."""
 
     @property
     def mps_control_argv(self) -> list[str]:
@@ -165,6 +172,12 @@ class AgentSettings:
                 "profile says which GPUs are shared (devices[].sharing)"
             )
         self.shared_gpu_policy  # noqa: B018  (parses it: a bad setting stops the agent at start)
+        if self.toolkit_cdi_kind and not _CDI_KIND.fullmatch(self.toolkit_cdi_kind):
+            raise ValueError(
+                f"{flag_name('toolkit_cdi_kind')} / {env_name('toolkit_cdi_kind')}: "
+                f"{self.toolkit_cdi_kind!r} is not a CDI kind (<vendor>/<class>, e.g. "
+                "nvidia.com/gpu)"
+            )
         for socket in (self.registration_socket, self.dra_socket):
             if len(bytes(socket)) > MAX_SOCKET_PATH:
                 raise ValueError(
@@ -213,6 +226,9 @@ def flag_name(field: str) -> str:
 
 
 _SHARED_GPUS = f"{flag_name('shared_gpus')} / {env_name('shared_gpus')}"
+_CDI_NAME = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_CDI_KIND = re.compile(f"{_CDI_NAME}/{_CDI_NAME}")
+"""A CDI kind, ``<vendor>/<class>`` (CDI's ``ValidateVendorName``, ``ValidateClassName``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings_type: type[Any]) -> None:

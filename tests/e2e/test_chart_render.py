@@ -170,6 +170,46 @@ def test_nvml_sharing_reaches_the_agent_as_its_shared_gpus_setting() -> None:
     assert shared.sharing == model.Sharing("MPS", model.MemoryPolicy("8Gi", "4Gi", max="32Gi"))
 
 
+@pytest.mark.parametrize(
+    ("mode", "given", "expected"),
+    [
+        ("MPS", "utility", "utility,compute"),  # the MPS daemon's binaries come with compute
+        ("MPS", "compute,utility", "compute,utility"),
+        ("MPS", "all", "all"),
+        ("TimeSlicing", "utility", "utility"),
+    ],
+)
+def test_mps_sharing_asks_the_toolkit_for_the_daemons_binaries(
+    mode: str, given: str, expected: str
+) -> None:
+    entry = {"gpus": [0], "mode": mode, "memory": {"default": "8Gi", "min": "4Gi"}}
+    docs = render(
+        "--set", "agent.backend=nvml",
+        "--set-json", f"agent.nvml.driverCapabilities={json.dumps(given)}",
+        "--set-json", f"agent.nvml.sharing=[{json.dumps(entry)}]",
+    )  # fmt: skip
+    assert env_of(find(docs, "DaemonSet"), DOWNWARD)["NVIDIA_DRIVER_CAPABILITIES"] == expected
+
+
+def test_cdi_only_workloads_make_prepare_answer_the_toolkits_devices() -> None:
+    """agent.nvml.workloads: cdi is the agent's --toolkit-cdi-kind (agent.nvml.toolkitCdiKind);
+    runtimeClass (the default) sets nothing and the simulated backend never reads it."""
+    for args in ((), ("--set", "agent.backend=nvml"), ("--set", "agent.nvml.workloads=cdi")):
+        env = env_of(find(render(*args), "DaemonSet"), DOWNWARD)
+        assert "DRA_GPU_TOOLKIT_CDI_KIND" not in env, args
+    docs = render("--set", "agent.backend=nvml", "--set", "agent.nvml.workloads=cdi")
+    settings = settings_from_env(config.AgentSettings, env_of(find(docs, "DaemonSet"), DOWNWARD))
+    assert settings.toolkit_cdi_kind == "nvidia.com/gpu"
+    assert not [d for d in docs if d["kind"] == "RuntimeClass"]
+    docs = render(
+        "--set", "agent.backend=nvml",
+        "--set", "agent.nvml.workloads=cdi",
+        "--set", "agent.nvml.toolkitCdiKind=example.com/gpu",
+    )  # fmt: skip
+    env = env_of(find(docs, "DaemonSet"), DOWNWARD)
+    assert settings_from_env(config.AgentSettings, env).toolkit_cdi_kind == "example.com/gpu"
+
+
 def test_agent_host_paths_are_mounted_at_the_same_paths() -> None:
     agent = find(render(), "DaemonSet")
     pod = agent["spec"]["template"]["spec"]
@@ -316,6 +356,7 @@ def _nvml_sharing(entry: dict[str, Any]) -> dict[str, Any]:
             {"deviceClasses": {"extra": [{"name": "x", "extendedResourceName": "a b/c"}]}},
             "/deviceClasses/extra/0/extendedResourceName",
         ),
+        ({"agent": {"nvml": {"toolkitCdiKind": "nvidia.com"}}}, "/agent/nvml/toolkitCdiKind"),
         (_nvml_sharing({"gpus": [0], "mode": "x"}), "/agent/nvml/sharing/0/mode"),
         (_nvml_sharing({"gpus": ["gpu-0"]}), "/agent/nvml/sharing/0/gpus/0"),
         (

@@ -200,13 +200,18 @@ def claim_spec(
     return spec
 
 
+def device_nodes(given: Sequence[edits.DeviceNode], where: str) -> list[DeviceNode]:
+    """``given`` as a spec's ``deviceNodes`` entries (ValueError for a path CDI refuses)."""
+    return [_device_node(node, where) for node in given]
+
+
 def _container_edits(given: edits.Edits, where: str) -> ContainerEdits:
     for key, value in given.env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise ValueError(f"{where}: {key!r} is not an environment name")
     out: ContainerEdits = {"env": [f"{key}={value}" for key, value in given.env.items()]}
     if given.device_nodes:
-        out["deviceNodes"] = [_device_node(node, where) for node in given.device_nodes]
+        out["deviceNodes"] = device_nodes(given.device_nodes, where)
     if given.mounts:
         out["mounts"] = [_mount(mount, where) for mount in given.mounts]
     return out

@@ -18,7 +18,7 @@ File format (version ``v1``)::
      "checksum": "<sha256 hex of the canonical JSON of data>",
      "data": {"claims": [{"uid": ..., "namespace": ..., "name": ...,
                           "devices": [{"request_names": [...], "pool": ..., "device": ...,
-                                       "cdi_device_ids": [...],
+                                       "cdi_device_ids": [...],      (ours last)
                                        "share_id": ...,                (optional)
                                        "mig_instance": {...}}],        (optional)
                           "cdi_spec": {<CDI spec>} or null}]}}
@@ -97,6 +97,9 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: tuple[str, ...]
+    """In the order the runtime applies them: ours last (one, or after the toolkit's own device
+    on a node set up for CDI only: ``agent.toolkit``). A record keeps the IDs it was prepared
+    with; an older agent reads and answers them as they are."""
     mig_instance: model.MigInstance | None = None
     """The MIG instance created for this device (a MIG partition), destroyed at unprepare."""
     share_id: str | None = None
@@ -119,29 +122,43 @@ class PreparedClaim:
     def mig_instances(self) -> list[model.MigInstance]:
         return [d.mig_instance for d in self.devices if d.mig_instance is not None]
 
-    def with_mig_instance(self, device: str, instance: model.MigInstance) -> PreparedClaim:
+    def with_mig_instance(
+        self,
+        device: str,
+        instance: model.MigInstance,
+        device_nodes: Sequence[cdi.DeviceNode] | None = None,
+    ) -> PreparedClaim:
         """This claim with ``instance`` as the MIG instance of ``device``: one created again
-        after a reboot, whose MIG device may have another UUID. The spec's environment
-        values that named the old UUID for that device name the new one."""
+        after a reboot, whose MIG device may have another UUID and other GPU and compute
+        instance ids. The spec's environment values that named the old UUID for that device
+        name the new one; ``device_nodes``, when given, replace that device's ``deviceNodes``
+        (the new instance's capability nodes)."""
         old = next(d.mig_instance for d in self.devices if d.device == device)
         devices = tuple(
             dataclasses.replace(d, mig_instance=instance) if d.device == device else d
             for d in self.devices
         )
         spec = self.cdi_spec
-        if spec is not None and old is not None and old.uuid and old.uuid != instance.uuid:
-            name = cdi.cdi_device_name(self.uid, device)
-            spec = {
-                **spec,
-                "devices": [
-                    {**d, "containerEdits": _with_env_value(d["containerEdits"], old, instance)}
-                    if d["name"] == name
-                    else d
-                    for d in spec["devices"]
-                ],
-            }
-            if "containerEdits" in spec:  # the claim's NVIDIA_VISIBLE_DEVICES lists it too
-                spec["containerEdits"] = _with_env_value(spec["containerEdits"], old, instance)
+        if spec is None:
+            return dataclasses.replace(self, devices=devices)
+        renamed = old is not None and bool(old.uuid) and old.uuid != instance.uuid
+        name = cdi.cdi_device_name(self.uid, device)
+        entries: list[cdi.CdiDevice] = []
+        for entry in spec["devices"]:
+            if entry["name"] == name:
+                container_edits = entry["containerEdits"]
+                if renamed and old is not None:
+                    container_edits = _with_env_value(container_edits, old, instance)
+                if device_nodes is not None:
+                    container_edits = {**container_edits, "deviceNodes": list(device_nodes)}
+                    if not device_nodes:
+                        del container_edits["deviceNodes"]
+                entry = {**entry, "containerEdits": container_edits}
+            entries.append(entry)
+        spec = {**spec, "devices": entries}
+        if renamed and old is not None and "containerEdits" in spec:
+            # The claim's NVIDIA_VISIBLE_DEVICES lists it too.
+            spec["containerEdits"] = _with_env_value(spec["containerEdits"], old, instance)
         return dataclasses.replace(self, devices=devices, cdi_spec=spec)
 
 
@@ -166,21 +183,24 @@ def record_claim(
     allocated: Iterable[AllocatedDevice],
     spec: cdi.CdiSpec | None,
     mig_instances: Mapping[str, model.MigInstance] | None = None,
+    other_ids: Mapping[str, Sequence[str]] | None = None,
 ) -> PreparedClaim:
     """The record of a claim prepared with ``spec``: one entry for each allocated device that
-    the spec holds, with the CDI device ID that resolves to it there, and the MIG instance
-    created for it (``mig_instances``, by device name) if any.
+    the spec holds, with the CDI device ID that resolves to it there (after ``other_ids``, by
+    device name: the toolkit's own device, ``agent.toolkit``), and the MIG instance created
+    for it (``mig_instances``, by device name) if any.
 
     Prepare and the rebuild of a corrupt checkpoint (from the API server and the CDI directory)
     both build the record here, so a change of the record is made once."""
     in_spec = {d["name"] for d in spec["devices"]} if spec is not None else set()
     instances = mig_instances or {}
+    others = other_ids or {}
     devices = tuple(
         PreparedDevice(
             request_names=(a.base_request,),
             pool=a.pool,
             device=a.device,
-            cdi_device_ids=(cdi.cdi_device_id(driver, uid, a.key),),
+            cdi_device_ids=(*others.get(a.device, ()), cdi.cdi_device_id(driver, uid, a.key)),
             mig_instance=instances.get(a.device),
             share_id=a.share_id,
         )

@@ -2,7 +2,8 @@
 
 1. Inventory backend, API client, checkpoint (a corrupt one is moved aside, reported as an
    Event on the Node, and rebuilt from the API server and the CDI directory), CDI directory
-   repaired from the checkpoint.
+   repaired from the checkpoint; on a node set up for CDI only (``--toolkit-cdi-kind``), the
+   toolkit's spec looked for (a warning naming the command that makes it, never a failure).
 2. gRPC servers: DRA socket, then registration socket (the kubelet dials as soon as it sees it).
 3. Long-lived tasks in one TaskGroup: slice publisher (from the moment the kubelet accepts
    the registration, so no pod is ever scheduled onto devices nobody can prepare), device
@@ -23,12 +24,13 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 # isort: split
 
 from dra_gpu import events, httpserver, kube, metrics
-from dra_gpu.agent import cdi, checkpoint, claims, memory, mps, server
+from dra_gpu.agent import cdi, checkpoint, claims, memory, mps, server, toolkit
 from dra_gpu.agent.claimcache import ClaimCache
 from dra_gpu.agent.health import ClaimOnDevice, HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
@@ -151,6 +153,7 @@ async def _run(
             backend if isinstance(backend, mps.GpuControls) else None,
             shm_dir=settings.mps_shm_dir,
         ),
+        toolkit_cdi_kind=settings.toolkit_cdi_kind,
     )
     monitor.claims = lambda: [
         ClaimOnDevice(
@@ -165,6 +168,8 @@ async def _run(
     state.load(await load_checkpoint(settings, api))
     for line in await state.recover():
         log.info("recovery: %s", line)
+    if settings.toolkit_cdi_kind:
+        await check_toolkit_spec(settings, api, publisher.inventory)
     try:
         await _serve(
             settings,
@@ -297,6 +302,40 @@ async def _watch_registration(
             raise RuntimeError(f"the kubelet refused the registration: {status.error}")
         # A (re)registration follows a kubelet start, which wipes the node's slices.
         publisher.trigger()
+
+
+async def check_toolkit_spec(
+    settings: AgentSettings,
+    api: kube.Kube,
+    inventory: Callable[[bool], Awaitable[model.Inventory]],
+) -> str | None:
+    """With ``--toolkit-cdi-kind``: warn (log, Event ToolkitCdiSpecMissing on the Node) when no
+    spec in the CDI directory declares the toolkit's device of one of the node's GPUs, naming
+    the command that makes it; the warning, or None. Never fails the agent or a prepare: the
+    runtime may read the spec from another directory (``/etc/cdi``) that the agent does not see.
+    """
+    kind, cdi_dir = settings.toolkit_cdi_kind, settings.cdi_dir
+    try:
+        devices = (await inventory(False)).devices
+    except Exception as exc:  # the publisher reports it; nothing to check against
+        log.warning("toolkit CDI spec not checked: the inventory cannot be read: %s", exc)
+        return None
+    declared = await asyncio.to_thread(toolkit.declared, cdi_dir, kind)
+    absent = toolkit.missing(declared, devices)
+    if not absent:
+        log.info("toolkit CDI spec: %s declares the devices of every GPU of %s", kind, cdi_dir)
+        return None
+    mig = any(d.partition_of is not None and toolkit.toolkit_name(d) in absent for d in devices)
+    message = toolkit.advice(kind, cdi_dir, absent, any_spec=declared is not None, mig=mig)
+    log.warning("%s", message)
+    try:
+        node = events.object_ref(await api.get(f"/api/v1/nodes/{settings.node_name}"))
+        await events.Recorder(api, COMPONENT, settings.node_name).post(
+            node, type_="Warning", reason="ToolkitCdiSpecMissing", message=message
+        )
+    except Exception as exc:  # the log line above already says it; the event is best effort
+        log.warning("could not post the ToolkitCdiSpecMissing event: %s", exc)
+    return message
 
 
 async def load_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint.Checkpoint:

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dra_gpu import events, kube, metrics, opaque
-from dra_gpu.agent import cdi, checkpoint, claimcache, claims, failpoints, files, mps
+from dra_gpu.agent import cdi, checkpoint, claimcache, claims, failpoints, files, mps, toolkit
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.devices import edits, mig, model
 
@@ -152,8 +152,10 @@ class DeviceState:
         mig_own_layout: bool = False,
         cache: claimcache.ClaimCache | None = None,
         sharing: mps.Sharing | None = None,
+        toolkit_cdi_kind: str = "",
     ) -> None:
         self.api = api
+        self._toolkit_cdi_kind = toolkit_cdi_kind  # "": our CDI devices only (agent.toolkit)
         self._cache = cache
         self._mig = mig
         self._mig_own_layout = mig_own_layout
@@ -329,10 +331,25 @@ class DeviceState:
                 repaired.append(f"created {what} again (lost in a reboot?)")
             if now != was:
                 current = self._checkpoint.claims[claim.uid]
-                await self._commit(checkpoint.Put(current.with_mig_instance(device, now)))
+                nodes = await self._mig_device_nodes(claim, device, now)
+                await self._commit(checkpoint.Put(current.with_mig_instance(device, now, nodes)))
         if intended:
             await self._write_mig_intents(set(), durable=False)
         return repaired
+
+    async def _mig_device_nodes(
+        self, claim: checkpoint.PreparedClaim, device: str, instance: model.MigInstance
+    ) -> list[cdi.DeviceNode] | None:
+        """The device nodes the backend gives a container for ``device`` as ``instance`` (its
+        GPU and compute instance capability nodes follow the instance's ids); None when the
+        inventory no longer has the device (the recorded nodes stay)."""
+        found = (await self._inventory(False)).by_name.get(device)
+        if found is None:
+            return None
+        given = [edits.GivenDevice(found, instance)]
+        where = f"claim {claim.namespace}/{claim.name}, device {device!r}"
+        (device_edits,) = (await self._container_edits(given)).per_device
+        return cdi.device_nodes(device_edits.device_nodes, where)
 
     @property
     def _intents_file(self) -> Path:
@@ -530,7 +547,14 @@ class DeviceState:
                 devices[name] = dataclasses.replace(devices[name], uuid=instance.uuid)
             spec = await self._claim_spec(ref, allocated, devices, configs, instances)
             record = checkpoint.record_claim(
-                self.driver, ref.uid, ref.namespace, ref.name, allocated, spec, instances
+                self.driver,
+                ref.uid,
+                ref.namespace,
+                ref.name,
+                allocated,
+                spec,
+                instances,
+                toolkit.device_ids(self._toolkit_cdi_kind, devices.values()),
             )
             write_spec = None
             if spec is not None:

@@ -35,7 +35,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
-from dra_gpu.devices import gpu_models, model
+from dra_gpu.devices import gpu_models, model, pci
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -212,6 +212,16 @@ def partitioned(
     return counters, tuple(_partition(gpu, table, p, counters.name) for p in parts)
 
 
+_INHERITED_ATTRIBUTES = (
+    "productName",
+    "architecture",
+    "cudaComputeCapability",
+    "driverVersion",
+    pci.PCIE_ROOT_ATTRIBUTE,
+    pci.NUMA_NODE_ATTRIBUTE,
+)
+
+
 def _partition(
     gpu: model.Device, table: MigTable, placement: Placement, counter_set: str
 ) -> model.Device:
@@ -227,7 +237,9 @@ def _partition(
         "mediaExtensions": model.BoolValue(profile.media_extensions),
         "migModel": model.StringValue(table.model),
     }
-    for key in ("productName", "architecture", "cudaComputeCapability", "driverVersion"):
+    # What a partition shares with its GPU, topology included: a MIG device lines up with a NIC
+    # on its GPU's PCIe root and NUMA node (as NVIDIA's driver publishes its MIG devices).
+    for key in _INHERITED_ATTRIBUTES:
         if key in gpu.attributes:
             attributes[key] = gpu.attributes[key]
     return model.Device(

@@ -26,7 +26,8 @@ What is not here: the driver's libraries, binaries and firmware (nvcdi's driver 
 which walks the driver root's ld cache and needs ``nvidia-cdi-hook`` on the host for its
 ``update-ldcache`` and ``create-symlinks`` hooks), DRM nodes for graphics, and ``by-path``
 links. A node therefore gets them from the toolkit: its runtime (``NVIDIA_VISIBLE_DEVICES``),
-or its own CDI spec (``nvidia-ctk cdi generate``). nvcdi itself was not run against go-nvml's
+or its own CDI spec (``nvidia-ctk cdi generate``), whose devices prepare then answers before
+ours (``--toolkit-cdi-kind``, ``agent.toolkit``). nvcdi itself was not run against go-nvml's
 mock machines here: its library discovery needs a driver root with a real ld cache and driver
 files, which a mock NVML does not provide, so the comparison covers only what is derived
 above, from its source.

@@ -10,36 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu.agent import cdi, checkpoint
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import edits, model, nvml, nvml_cdi, simulated
+from tests.unit.agent import rig
+from tests.unit.agent.rig import ClaimsApi
 from tests.unit.inventory.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
 
 
-class Api:
-    def __init__(self) -> None:
-        self.claims: dict[str, dict[str, Any]] = {}
-
+class Api(ClaimsApi):
     def add(self, name: str, *devices: str) -> ClaimRef:
         results = [
             {"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices
         ]
-        self.claims[name] = {
-            "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
-            "status": {"allocation": {"devices": {"results": results}}},
-        }
-        return ClaimRef("ns", name, ClaimUID(f"uid-{name}"))
-
-    async def get(self, path: str) -> dict[str, Any]:
-        return self.claims[path.rsplit("/", 1)[1]]
-
-
-class Sink:
-    def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        pass
+        return self.allocate(name, results)
 
 
 def driver_root(tmp_path: Path, *nodes: str) -> Path:
@@ -51,22 +38,7 @@ def driver_root(tmp_path: Path, *nodes: str) -> Path:
 
 
 def agent(tmp_path: Path, backend: model.Backend, api: Api) -> DeviceState:
-    async def inventory(fresh: bool) -> model.Inventory:
-        return await backend.inventory()
-
-    mig = backend if isinstance(backend, model.MigInstances) else None
-
-    return DeviceState(
-        api=api,  # type: ignore[arg-type]  # prepare only GETs claims
-        driver=DRIVER,
-        node=NODE,
-        container_edits=backend.container_edits,
-        cdi_dir=tmp_path / "cdi",
-        checkpoint_file=tmp_path / "checkpoint.json",
-        inventory=inventory,
-        status=Sink(),
-        mig=mig,
-    )
+    return rig.device_state(tmp_path, backend, api)
 
 
 def spec_of(tmp_path: Path, uid: str) -> cdi.CdiSpec:

@@ -18,9 +18,10 @@ import pytest
 
 from dra_gpu import metrics
 from dra_gpu.agent import cdi, checkpoint, failpoints
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared, PrepareFailed
 from dra_gpu.devices import mig, model, nvml, simulated
+from tests.unit.agent.rig import ClaimsApi
 from tests.unit.inventory.fake_pynvml import PRIVILEGED_CALLS, FakeGpu, FakeNvml, a100_in_mig_mode
 
 DRIVER = "gpu.example.com"
@@ -75,23 +76,10 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     )
 
 
-class Claims:
-    """The one API call prepare makes: GET of a claim."""
-
-    def __init__(self) -> None:
-        self.claims: dict[str, dict[str, Any]] = {}
-
+class Claims(ClaimsApi):
     def add(self, name: str, *devices: str, config: list[Any] | None = None) -> ClaimRef:
-        uid = f"uid-{name}"
         results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
-        self.claims[name] = {
-            "metadata": {"namespace": "ns", "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
-        }
-        return ClaimRef("ns", name, ClaimUID(uid))
-
-    async def get(self, path: str) -> dict[str, Any]:
-        return self.claims[path.rsplit("/", 1)[1]]
+        return self.allocate(name, results, config or [])
 
 
 class NoStatus:
@@ -515,3 +503,52 @@ async def test_a_half_made_instance_of_ours_is_destroyed_while_others_are_left_a
     assert await backend.mig_instances() == (theirs,)
     assert f"destroyed MIG instance {half[0]}: no prepared claim holds it" in repaired
     assert isinstance(await restarted.prepare(ref), Prepared)
+
+
+def spec_device_nodes(tmp_path: Path, ref: ClaimRef) -> list[str]:
+    spec = json.loads((tmp_path / "run" / "cdi" / cdi.spec_file_name(DRIVER, ref.uid)).read_text())
+    (device,) = spec["devices"]
+    return [node["path"] for node in device["containerEdits"].get("deviceNodes", [])]
+
+
+async def test_an_instance_created_again_with_other_ids_gets_its_own_capability_nodes(
+    tmp_path: Path,
+) -> None:
+    # A driver root whose capability minors follow the GPU instance id: gi<g> -> 100 + 10 * g.
+    root = tmp_path / "driver"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev/nvidia0").touch()
+    (root / "proc").mkdir()
+    (root / "proc/devices").write_text("Character devices:\n195 nvidia\n237 nvidia-caps\n")
+    for gi in (1, 2):
+        caps = root / f"proc/driver/nvidia/capabilities/gpu0/mig/gi{gi}"
+        (caps / "ci0").mkdir(parents=True)
+        (caps / "access").write_text(f"DeviceFileMinor: {100 + 10 * gi}\nDeviceFileMode: 292\n")
+        (caps / "ci0/access").write_text(f"DeviceFileMinor: {101 + 10 * gi}\nDeviceFileMode: 292\n")
+    fake = FakeNvml([a100_in_mig_mode()])
+    rig = Rig(
+        "nvml",
+        nvml.NvmlBackend(NODE, nvml=fake, driver_root=root),
+        lambda: fake.reset(0),
+        lambda uuid: {"NVIDIA_VISIBLE_DEVICES": uuid},
+        fake,
+    )
+    api = Claims()
+    a, b = api.add("a", P3G), api.add("b", P1G)
+    state = agent(rig, tmp_path, api)
+    assert isinstance(await state.prepare(a), Prepared)  # GPU instance 1
+    assert isinstance(await state.prepare(b), Prepared)  # GPU instance 2
+    cap = "/dev/nvidia-caps/nvidia-cap"
+    assert spec_device_nodes(tmp_path, a) == ["/dev/nvidia0", f"{cap}110", f"{cap}111"]
+    state.close()
+
+    rig.reboot()
+    shutil.rmtree(tmp_path / "run" / "cdi")
+    restarted = agent(rig, tmp_path, api)
+    await restarted.recover()  # b's placement comes first now: it is GPU instance 1, a is 2
+
+    (instance,) = recorded(tmp_path)["a"]
+    assert instance.gpu_instance == 2
+    assert spec_device_nodes(tmp_path, a) == ["/dev/nvidia0", f"{cap}120", f"{cap}121"]
+    assert spec_device_nodes(tmp_path, b) == ["/dev/nvidia0", f"{cap}110", f"{cap}111"]
+    await rig.backend.aclose()

@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from dra_gpu.agent import cdi, checkpoint, claims, mps
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import model, simulated
 from dra_gpu.testing import eventually
+from tests.unit.agent import rig
+from tests.unit.agent.rig import ClaimsApi
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
@@ -35,10 +37,7 @@ nodes:
 """
 
 
-class Api:
-    def __init__(self) -> None:
-        self.claims: dict[str, dict[str, Any]] = {}
-
+class Api(ClaimsApi):
     def add(self, name: str, *shares: tuple[str | None, str | None]) -> ClaimRef:
         results = [
             {
@@ -51,14 +50,7 @@ class Api:
             }
             for i, (share, memory) in enumerate(shares)
         ]
-        self.claims[name] = {
-            "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
-            "status": {"allocation": {"devices": {"results": results}}},
-        }
-        return ClaimRef("ns", name, ClaimUID(f"uid-{name}"))
-
-    async def get(self, path: str) -> dict[str, Any]:
-        return self.claims[path.rsplit("/", 1)[1]]
+        return self.allocate(name, results)
 
 
 class Sink:
@@ -76,22 +68,9 @@ def agent(tmp_path: Path, mode: str, api: Api, sink: Sink, extra: str = "") -> D
         simulated.parse_profile(profile(mode, extra)), NODE, hardware_dir=tmp_path / "hw"
     )
 
-    async def inventory(fresh: bool) -> Any:
-        return await backend.inventory()
-
     sharing = mps.Sharing(tmp_path / "sharing", mps.standin_argv(), backend)
     STARTED.append(sharing)
-    return DeviceState(
-        api=api,  # type: ignore[arg-type]  # prepare only GETs claims
-        driver=DRIVER,
-        node=NODE,
-        container_edits=backend.container_edits,
-        cdi_dir=tmp_path / "cdi",
-        checkpoint_file=tmp_path / "checkpoint.json",
-        inventory=inventory,
-        status=sink,
-        sharing=sharing,
-    )
+    return rig.device_state(tmp_path, backend, api, sink, sharing=sharing)
 
 
 STARTED: list[mps.Sharing] = []

@@ -12,65 +12,27 @@ the tutorial's gpu-0.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from dra_gpu import cel
-
-ROOT = Path(__file__).resolve().parents[3]
-BUILD_SCRIPT = ROOT / "hack" / "build-celref.sh"
+from tests.unit import oracles
 
 
 def build_oracle() -> Path:
     """The oracle binary, built (or found in the cache) by hack/build-celref.sh."""
-    result = subprocess.run(
-        [str(BUILD_SCRIPT)], capture_output=True, text=True, check=False, timeout=1800
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"hack/build-celref.sh failed:\n{result.stderr}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return oracles.built("build-celref.sh")
 
 
-class Oracle:
+class Oracle(oracles.LineOracle):
     """One running celref; ``judge`` is a round trip of one line."""
-
-    def __init__(self, binary: Path, *args: str) -> None:
-        self._process = subprocess.Popen(
-            [str(binary), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            bufsize=1,
-        )
 
     def judge(self, expression: str, driver: str, device: dict[str, Any] | None) -> dict[str, Any]:
         case: dict[str, Any] = {"expression": expression, "driver": driver}
         if device is not None:
             case["device"] = device
-        assert self._process.stdin is not None
-        assert self._process.stdout is not None
-        self._process.stdin.write(json.dumps(case) + "\n")
-        self._process.stdin.flush()
-        line = self._process.stdout.readline()
-        if not line:
-            raise RuntimeError("celref exited")
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def close(self) -> None:
-        if self._process.stdin is not None:
-            self._process.stdin.close()
-        self._process.wait(timeout=30)
-
-    def __enter__(self) -> Oracle:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
+        return self.round_trip(case)
 
 
 def verdict(answer: dict[str, Any]) -> str | None:

@@ -153,12 +153,12 @@ class FakeGpu:
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
     mig_mode: int = NVML_DEVICE_MIG_DISABLE
     mig_table: mig.MigTable = mig.H100_80GB
+    """The model's partition table; its ``model`` names the ``gpu_models`` model answered."""
     lost: bool = False
     """Fallen off the bus (``FakeNvml.lose``): every call about it answers GPU_IS_LOST."""
     recovery_action: int | None = 0
     """Field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t; 0 = none);
     None: a driver without the field (its value answers NOT_SUPPORTED)."""
-    """The model's partition table; its ``model`` names the ``gpu_models`` model answered."""
     gpu_model: gpu_models.GpuModel | None = None
     """The MIG model NVML's MIG calls answer for; None: the one ``mig_table`` names."""
 
@@ -255,7 +255,7 @@ def a100_in_mig_mode(**fields: Any) -> FakeGpu:
         memory_total=40 * 2**30,
         mig_mode=1,
         mig_table=mig.A100_40GB,
-        **fields,
+        **{"architecture": NVML_DEVICE_ARCH_AMPERE, "compute_capability": (8, 0), **fields},
     )
 
 

@@ -37,66 +37,32 @@ Run alone: ``.venv/bin/python -m tests.unit.inventory.nvmlref dump dgxh200`` pri
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
-BUILD_SCRIPT = ROOT / "hack" / "build-nvmlref.sh"
+from tests.unit import oracles
+
 MACHINES = ("dgxa100", "dgxh100", "dgxh200", "dgxb200", "a100-80gb", "a30")
 """Every machine the oracle has; the first four are go-nvml's own."""
 
 
 def build_oracle() -> Path:
     """The oracle binary, built (or found in the cache) by hack/build-nvmlref.sh."""
-    result = subprocess.run(
-        [str(BUILD_SCRIPT)], capture_output=True, text=True, check=False, timeout=1800
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"hack/build-nvmlref.sh failed:\n{result.stderr}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return oracles.built("build-nvmlref.sh")
 
 
-class Oracle:
+class Oracle(oracles.LineOracle):
     """One running nvmlref; ``ask`` is a round trip of one line."""
 
-    def __init__(self, binary: Path) -> None:
-        self._process = subprocess.Popen(
-            [str(binary)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            bufsize=1,
-        )
-
     def ask(self, op: str, machine: str, **fields: Any) -> dict[str, Any]:
-        assert self._process.stdin is not None
-        assert self._process.stdout is not None
-        self._process.stdin.write(json.dumps({"op": op, "machine": machine, **fields}) + "\n")
-        self._process.stdin.flush()
-        line = self._process.stdout.readline()
-        if not line:
-            raise RuntimeError("nvmlref exited")
-        answer: dict[str, Any] = json.loads(line)
+        answer = self.round_trip({"op": op, "machine": machine, **fields})
         if "error" in answer:
             raise ValueError(f"nvmlref: {op} on {machine}: {answer['error']}")
         return answer
 
     def dump(self, machine: str) -> dict[str, Any]:
         return self.ask("dump", machine)
-
-    def close(self) -> None:
-        if self._process.stdin is not None:
-            self._process.stdin.close()
-        self._process.wait(timeout=30)
-
-    def __enter__(self) -> Oracle:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 def value(answer: dict[str, Any]) -> Any:

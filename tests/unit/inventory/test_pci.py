@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dra_gpu.devices import model, nvml, pci
-from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml
+from tests.unit.inventory.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
 
 
 def fake_sysfs(root: Path, bus_id: str, target: str, numa: str | None = "1") -> Path:
@@ -68,3 +68,17 @@ async def test_the_nvml_backend_publishes_each_gpus_pcie_root_and_numa_node(
     # sysfs says nothing of it: published without them.
     assert pci.PCIE_ROOT_ATTRIBUTE not in second.attributes
     assert pci.NUMA_NODE_ATTRIBUTE not in second.attributes
+
+
+async def test_a_mig_partition_lines_up_with_its_gpus_pcie_root_and_numa_node(
+    tmp_path: Path,
+) -> None:
+    sysfs = fake_sysfs(tmp_path, "0000:18:00.0", "pci0000:17/0000:17:01.0/0000:18:00.0", "1")
+    gpu = a100_in_mig_mode(uuid="GPU-0", bus_id=b"00000000:18:00.0")
+    async with nvml.NvmlBackend("node-01", nvml=FakeNvml([gpu]), sysfs=sysfs) as backend:
+        inventory = await backend.inventory()
+    partitions = [d for d in inventory.devices if d.partition_of == "gpu-0"]
+    assert partitions
+    for partition in partitions:
+        assert partition.attributes[pci.PCIE_ROOT_ATTRIBUTE] == model.StringValue("pci0000:17")
+        assert partition.attributes[pci.NUMA_NODE_ATTRIBUTE] == model.IntValue(1)

@@ -1,0 +1,62 @@
+"""Upstream oracles run as subprocesses: a Go program built by a script under ``hack/``.
+
+Each oracle (``cel/celref.py``: kube-scheduler's CEL; ``inventory/nvmlref.py``: NVIDIA's go-nvml
+mock machines) is built, or found in the cache, by its ``hack/build-<name>.sh``, which prints the
+binary's path on its last line, and then answers one JSON line for each line it is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Self
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def built(script: str) -> Path:
+    """The binary ``hack/<script>`` builds (or finds in the cache)."""
+    result = subprocess.run(
+        [str(ROOT / "hack" / script)], capture_output=True, text=True, check=False, timeout=1800
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"hack/{script} failed:\n{result.stderr}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+class LineOracle:
+    """One running oracle process; ``round_trip`` sends a request and reads its answer."""
+
+    def __init__(self, binary: Path, *args: str) -> None:
+        self.name = binary.name
+        self._process = subprocess.Popen(
+            [str(binary), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+        )
+
+    def round_trip(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        line = self._process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        self._process.wait(timeout=30)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
