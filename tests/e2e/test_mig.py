@@ -444,21 +444,22 @@ async def test_instances_of_others_are_left_alone_and_nothing_is_allocated_over_
         async with agent_with(PROFILE) as started, diagnosed(api, ns, started):
             expected = sorted(n for n, p in PLACEMENTS.items() if mig.conflict(p, [theirs]) is None)
             devices = await eventually(lambda: published(api), timeout=60, what="slices")
-            assert devices == (expected if served else [])  # 1.35: no partition excludes all
+            # 1.35 (no counters): of the placements left, the one that excludes all the others
+            # (4g.20gb over slices 0-3, beside theirs), so one claim at a time holds what is free.
+            assert devices == (expected if served else ["gpu-0-mig-4g-20gb-0"])
             assert "left MIG instance" in started.log_file.read_text()
             assert await eventually(
                 lambda: node_events(api, "MigInstancesLeftAlone"), what="the Node's Event"
             )
-            if served:
-                await claim_and_pod(api, ns, "beside", mig_class, selector=selector("4g.20gb"))
-                (got,) = await eventually(
-                    lambda: settled(api, ns, {"beside": "4g.20gb"}, set(devices)),
-                    timeout=180,
-                    what="the 4g.20gb claim scheduled",
-                )
-                assert got == {"beside": "gpu-0-mig-4g-20gb-0"}
-                made = instances(started)
-                assert set(made) == {"gpu-0-mig-3g-20gb-4", "gpu-0-mig-4g-20gb-0"}
+            await claim_and_pod(api, ns, "beside", mig_class, selector=selector("4g.20gb"))
+            (got,) = await eventually(
+                lambda: settled(api, ns, {"beside": "4g.20gb"}, set(devices)),
+                timeout=180,
+                what="the 4g.20gb claim scheduled",
+            )
+            assert got == {"beside": "gpu-0-mig-4g-20gb-0"}
+            made = instances(started)
+            assert set(made) == {"gpu-0-mig-3g-20gb-4", "gpu-0-mig-4g-20gb-0"}
             # A claim that could only go over theirs waits.
             await claim_and_pod(api, ns, "over", mig_class, selector=selector(FULL))
             assert await eventually(

@@ -225,14 +225,15 @@ class HealthMonitor:
 
     async def _update_metrics(self) -> None:
         names: set[str] = set(self.tracker.taints()) | {d.name for d in self._devices}
-        if isinstance(self.backend, health.Monitored):
-            monitored = self.backend.monitored()
-            parents = self.tracker.parents
-            for name in {d.name for d in self._devices}:
-                watched = monitored.get(parents.get(name, name), True)
-                if self._monitored.get(name) != watched:
-                    metrics.DEVICE_MONITORED.labels(self.node, name).set(int(watched))
-                    self._monitored[name] = watched
+        # A backend without the capability sees the faults of every device (the simulated
+        # faults file names any of them).
+        monitored = self.backend.monitored() if isinstance(self.backend, health.Monitored) else {}
+        parents = self.tracker.parents
+        for name in {d.name for d in self._devices}:
+            watched = monitored.get(parents.get(name, name), True)
+            if self._monitored.get(name) != watched:
+                metrics.DEVICE_MONITORED.labels(self.node, name).set(int(watched))
+                self._monitored[name] = watched
         for name in names:
             state = self.tracker.state(name)
             if self._states.get(name) == state:

@@ -28,7 +28,10 @@ from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from dra_gpu.testing import eventually
 from tests.unit.agent.test_state import state
 
-PROFILE = simulated.parse_profile("nodes: {node-h: {devices: [{memory: 24Gi}, {memory: 8Gi}]}}")
+PROFILE = simulated.parse_profile(
+    "nodes: {node-h: {devices: [{memory: 24Gi}, {memory: 8Gi}]},"
+    " node-m: {devices: [{memory: 24Gi}, {memory: 8Gi}]}}"
+)
 T0 = datetime.datetime(2026, 3, 1, 12, 3, tzinfo=datetime.UTC)
 assert REGISTRY is not metrics.AGENT
 
@@ -296,3 +299,23 @@ async def test_a_gpu_nvml_does_not_watch_is_a_gauge_of_zero(tmp_path: Path) -> N
     await health.check_once()
     assert sample("dra_gpu_device_health_monitored", node="node-h", device="gpu-0") == 0
     assert sample("dra_gpu_device_health_monitored", node="node-h", device="gpu-1") == 1
+
+
+async def test_a_backend_that_sees_every_devices_faults_reports_each_monitored() -> None:
+    backend = simulated.SimulatedBackend(PROFILE, "node-m")  # its faults file names any device
+
+    async def inventory() -> model.Inventory:
+        return PROFILE.inventory("node-m")
+
+    health = HealthMonitor(
+        None,
+        backend,
+        driver="gpu.example.com",
+        node="node-m",
+        quiet_seconds=30,
+        inventory=inventory,
+        clock=Clock(),
+    )
+    await health.check_once()
+    for device in ("gpu-0", "gpu-1"):
+        assert sample("dra_gpu_device_health_monitored", node="node-m", device=device) == 1
