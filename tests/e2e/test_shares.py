@@ -65,6 +65,22 @@ async def allocated(api: kube.Kube, ns: str) -> dict[str, kube.Body]:
     return found
 
 
+async def share_one_after_another(
+    api: kube.Kube, ns: str, shared_class: str, wanted: dict[str, str | None]
+) -> None:
+    """A claim and pod for each of ``wanted`` (name -> memory), each created once the one
+    before is allocated. Claims created together can be refused once by the scheduler while
+    the others are in flight, and a refused pod is retried only when something it waits for
+    changes (or after minutes): the burst test below is where claims come at once."""
+    for name, memory in wanted.items():
+        await claim_and_pod(api, ns, name, shared_class, memory=memory)
+
+        async def has_allocation(name: str = name) -> bool:
+            return name in await allocated(api, ns)
+
+        await eventually(has_allocation, timeout=120, what=f"claim {name} allocated")
+
+
 def assert_fits(results: dict[str, kube.Body], shared: bool) -> None:
     """What is allocated at one time fits in gpu-0: shares within its 40Gi, each with its own
     share ID (1.35: one claim, whole)."""
@@ -126,8 +142,11 @@ async def test_three_pods_share_one_gpu_each_with_its_memory_share(
             "validRange": {"min": "4Gi", "step": "4Gi"},
         }
     wanted = {"small": None, "medium": "12Gi", "large": "14Gi"}  # 8Gi (default), 12Gi, 16Gi
-    for name, memory in wanted.items():
-        await claim_and_pod(api, ns, name, shared_class, memory=memory)
+    if shared:
+        await share_one_after_another(api, ns, shared_class, wanted)
+    else:
+        for name, memory in wanted.items():
+            await claim_and_pod(api, ns, name, shared_class, memory=memory)
 
     if not shared:
         # 1.35: published exclusive (the log says why); one pod gets gpu-0 whole.
@@ -238,8 +257,7 @@ async def test_the_mps_daemon_serves_every_share_and_goes_with_the_last(
         return  # 1.35: published exclusive (the first test says so); no share, no daemon
     assert standin_state(agent) is None  # nothing shared yet: no daemon
     wanted = {"m1": None, "m2": "12Gi", "m3": "16Gi"}
-    for name, memory in wanted.items():
-        await claim_and_pod(api, ns, name, shared_class, memory=memory)
+    await share_one_after_another(api, ns, shared_class, wanted)
 
     async def all_running() -> bool:
         return all([await is_running(api, ns, n) for n in wanted])
