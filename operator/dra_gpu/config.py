@@ -12,12 +12,16 @@ import dataclasses
 import itertools
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dra_gpu import DEFAULT_DRIVER_NAME
 from dra_gpu.devices import health, sharing
+
+STANDIN_MPS_CONTROL = (sys.executable, "-m", "dra_gpu.agent.mps_standin")
+"""The simulated backend's stand-in for ``nvidia-cuda-mps-control`` (``agent.mps_standin``)."""
 
 ENV_PREFIX = "DRA_GPU_"
 MAX_SOCKET_PATH = 107
@@ -106,9 +110,7 @@ class AgentSettings:
             return self.mps_control.split()
         if self.backend == "nvml":
             return ["nvidia-cuda-mps-control"]
-        import sys
-
-        return [sys.executable, "-m", "dra_gpu.agent.mps_standin"]
+        return list(STANDIN_MPS_CONTROL)
 
     @property
     def sharing_dir(self) -> Path:

@@ -86,3 +86,19 @@ class Recorder:
                 regarding.get("name"),
                 exc,
             )
+
+
+async def post_on_node(
+    api: kube.Kube, component: str, node: str, *, type_: str, reason: str, message: str
+) -> None:
+    """One Event on Node ``node``, posted by ``component`` running there; best effort: a Node
+    that cannot be read is referred to by name alone, and a failure to post is logged."""
+    try:
+        regarding = object_ref(await api.get(f"/api/v1/nodes/{node}"))
+    except Exception:  # the callers' log line says it already
+        regarding = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": ""}
+    regarding.setdefault("apiVersion", "v1")
+    regarding["kind"] = "Node"
+    await Recorder(api, component, node).post(
+        regarding, type_=type_, reason=reason, message=message
+    )

@@ -128,7 +128,6 @@ class Sharing:
         self.shm_dir = shm_dir
         self._holds: dict[str, tuple[SharedGpu, ...]] = {}
         self._lock = asyncio.Lock()
-        self._recorded: tuple[SharedGpu, ...] = ()
 
     # ---- the state's calls ---------------------------------------------------------------
 
@@ -422,10 +421,3 @@ def is_daemon(pid: int, program: str) -> bool:
     if stat.rpartition(")")[2].split()[:1] == ["Z"]:
         return False
     return any(Path(arg.decode(errors="replace")).name == program for arg in cmdline if arg)
-
-
-def standin_argv() -> list[str]:
-    """The simulated backend's stand-in for ``nvidia-cuda-mps-control`` (``mps_standin``)."""
-    import sys
-
-    return [sys.executable, "-m", "dra_gpu.agent.mps_standin"]

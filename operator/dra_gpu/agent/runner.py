@@ -328,13 +328,14 @@ async def check_toolkit_spec(
     mig = any(d.partition_of is not None and toolkit.toolkit_name(d) in absent for d in devices)
     message = toolkit.advice(kind, cdi_dir, absent, any_spec=declared is not None, mig=mig)
     log.warning("%s", message)
-    try:
-        node = events.object_ref(await api.get(f"/api/v1/nodes/{settings.node_name}"))
-        await events.Recorder(api, COMPONENT, settings.node_name).post(
-            node, type_="Warning", reason="ToolkitCdiSpecMissing", message=message
-        )
-    except Exception as exc:  # the log line above already says it; the event is best effort
-        log.warning("could not post the ToolkitCdiSpecMissing event: %s", exc)
+    await events.post_on_node(
+        api,
+        COMPONENT,
+        settings.node_name,
+        type_="Warning",
+        reason="ToolkitCdiSpecMissing",
+        message=message,
+    )
     return message
 
 
@@ -352,12 +353,13 @@ async def load_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint
             f"claim(s) from the API server and {settings.cdi_dir}"
         )
         log.error("%s", message)
-        try:
-            node = events.object_ref(await api.get(f"/api/v1/nodes/{settings.node_name}"))
-        except Exception:  # the log line above already says it; the event is best effort
-            node = {"apiVersion": "v1", "kind": "Node", "name": settings.node_name}
-        await events.Recorder(api, COMPONENT, settings.node_name).post(
-            node, type_="Warning", reason="CheckpointCorrupt", message=message
+        await events.post_on_node(
+            api,
+            COMPONENT,
+            settings.node_name,
+            type_="Warning",
+            reason="CheckpointCorrupt",
+            message=message,
         )
         return rebuilt
 

@@ -419,14 +419,8 @@ class DeviceState:
 
     async def _node_event(self, type_: str, reason: str, message: str) -> None:
         """An Event on this Node, best effort (the log line says it already)."""
-        try:
-            node = events.object_ref(await self.api.get(f"/api/v1/nodes/{self.node}"))
-        except Exception:
-            node = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": ""}
-        node.setdefault("apiVersion", "v1")
-        node["kind"] = "Node"
-        await events.Recorder(self.api, EVENT_COMPONENT, self.node).post(
-            node, type_=type_, reason=reason, message=message
+        await events.post_on_node(
+            self.api, EVENT_COMPONENT, self.node, type_=type_, reason=reason, message=message
         )
 
     async def _adopt_mig_instances(

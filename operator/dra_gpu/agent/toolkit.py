@@ -51,8 +51,6 @@ from dra_gpu.devices import model
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KIND = "nvidia.com/gpu"
-
 _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
 

@@ -117,8 +117,3 @@ def visible_uuids(devices: Iterable[GivenDevice | model.Device]) -> tuple[str, .
 def visible_devices_env(devices: Sequence[GivenDevice]) -> dict[str, str]:
     """``NVIDIA_VISIBLE_DEVICES=<uuid>,<uuid>``: every GPU or MIG device of the claim."""
     return {VISIBLE_DEVICES_ENV: ",".join(visible_uuids(devices))} if devices else {}
-
-
-def with_env(edits: ClaimEdits, common: Mapping[str, str]) -> ClaimEdits:
-    """``edits`` with more claim-wide variables (``common`` wins by key)."""
-    return dataclasses.replace(edits, common=edits.common.merged(Edits(common)))

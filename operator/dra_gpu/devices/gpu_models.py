@@ -242,10 +242,6 @@ MODELS: Mapping[str, GpuModel] = {
 """By ``key``."""
 
 
-def by_key(key: str) -> GpuModel | None:
-    return MODELS.get(key)
-
-
 def by_mig_model(mig_model: str) -> GpuModel | None:
     return next((m for m in MODELS.values() if m.mig_model == mig_model), None)
 

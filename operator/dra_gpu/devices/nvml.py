@@ -118,6 +118,15 @@ _GONE = ("NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT")
 _BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 
+class NvmlCallFailed(model.InventoryError):
+    """An NVML call that answered an error: which call, and NVML's code."""
+
+    def __init__(self, message: str, call: str, code: int | None) -> None:
+        super().__init__(message)
+        self.call = call
+        self.code = code
+
+
 class NvmlApi(Protocol):
     """The parts of the pynvml module this backend uses (tests pass a fake with the same names)."""
 
@@ -735,12 +744,9 @@ class NvmlBackend:
     def _refusal(self, index: int, uuid: str, err: model.InventoryError) -> model.MigRefusal | None:
         """The refusal ``err`` is (an NVML call answered ``NO_PERMISSION``), now kept for
         ``mig_refusals``; None for any other error."""
-        cause = err.__cause__
-        nvml = self._nvml
-        if not isinstance(cause, nvml.NVMLError) or _code(cause) != nvml.NVML_ERROR_NO_PERMISSION:
+        if not isinstance(err, NvmlCallFailed) or err.code != self._nvml.NVML_ERROR_NO_PERMISSION:
             return None
-        call = str(err).split(": NVML ", 1)[-1].split(" failed", 1)[0]
-        refusal = model.MigRefusal(f"gpu-{index}", uuid, call, str(cause))
+        refusal = model.MigRefusal(f"gpu-{index}", uuid, err.call, str(err.__cause__))
         self._mig_refused[index] = refusal
         return refusal
 
@@ -978,14 +984,14 @@ class NvmlBackend:
         """NVML's function ``name`` called with ``args``; an error names the call and GPU."""
         return self._call(name, index, getattr(self._nvml, name), *args)
 
-    def _error(self, name: str, index: int | None, err: Exception) -> model.InventoryError:
-        return model.InventoryError(f"{self._where(index)}: NVML {name} failed: {err}")
+    def _error(self, name: str, index: int | None, err: Exception) -> NvmlCallFailed:
+        return NvmlCallFailed(f"{self._where(index)}: NVML {name} failed: {err}", name, _code(err))
 
     def _call(self, name: str, index: int | None, fn: Callable[..., _T], *args: Any) -> _T:
         try:
             return fn(*args)
         except self._nvml.NVMLError as err:
-            raise model.InventoryError(f"{self._where(index)}: NVML {name} failed: {err}") from err
+            raise self._error(name, index, err) from err
 
     def _optional(
         self, name: str, index: int | None, fn: Callable[..., _T], *args: Any
@@ -996,7 +1002,7 @@ class NvmlBackend:
         except self._nvml.NVMLError as err:
             if getattr(err, "value", None) == self._nvml.NVML_ERROR_NOT_SUPPORTED:
                 return None
-            raise model.InventoryError(f"{self._where(index)}: NVML {name} failed: {err}") from err
+            raise self._error(name, index, err) from err
 
     def _log_once(self, level: int, message: str) -> None:
         if message not in self._logged:

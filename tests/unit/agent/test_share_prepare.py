@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dra_gpu import config
 from dra_gpu.agent import cdi, checkpoint, claims, mps
 from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared
@@ -68,7 +69,7 @@ def agent(tmp_path: Path, mode: str, api: Api, sink: Sink, extra: str = "") -> D
         simulated.parse_profile(profile(mode, extra)), NODE, hardware_dir=tmp_path / "hw"
     )
 
-    sharing = mps.Sharing(tmp_path / "sharing", mps.standin_argv(), backend)
+    sharing = mps.Sharing(tmp_path / "sharing", config.STANDIN_MPS_CONTROL, backend)
     STARTED.append(sharing)
     return rig.device_state(tmp_path, backend, api, sink, sharing=sharing)
 
@@ -310,7 +311,7 @@ def test_mps_limits_name_each_gpu_by_its_place_in_nvidia_visible_devices() -> No
 
 async def test_a_claim_with_mps_shares_of_two_gpus_is_refused(tmp_path: Path) -> None:
     policy = model.Sharing("MPS", model.MemoryPolicy("8Gi", "4Gi"))
-    sharing = mps.Sharing(tmp_path, mps.standin_argv())
+    sharing = mps.Sharing(tmp_path, config.STANDIN_MPS_CONTROL)
     shares = [mps.SharedGpu(f"gpu-{i}", f"GPU-{i}", policy) for i in range(2)]
     with pytest.raises(mps.MpsError, match="MPS shares of gpu-0 and gpu-1"):
         await sharing.hold("uid", shares)
