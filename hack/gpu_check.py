@@ -67,9 +67,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from dra_gpu import DEFAULT_DRIVER_NAME, kube, opaque, slices
-from dra_gpu.agent import cdi, claims, state
+from dra_gpu import DEFAULT_DRIVER_NAME, kube
+from dra_gpu.agent import cdi, claims, opaque, slices, state
 from dra_gpu.devices import edits, model, nvml, nvml_cdi, pci
+from dra_gpu.resource import names
 
 Report = dict[str, Any]
 
@@ -663,7 +664,7 @@ def _mode(api: nvml.NvmlApi, value: int) -> str:
 
 def _default_node() -> str:
     name = socket.gethostname().lower()
-    return name if model.is_dns_subdomain(name) else "gpu-node"
+    return name if names.is_dns_subdomain(name) else "gpu-node"
 
 
 def _text(value: str | bytes) -> str:

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _give_a_home()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -85,6 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if (code := _exit_code(leaf)) is not None:
                 return _fail(args.command, leaf, code, exc)
         raise
+
+
+def _give_a_home() -> None:
+    """An image's uid (65532) has no passwd entry; without HOME as well, a process has no home
+    at all, and the Kubernetes client (imported by Kopf too) resolves ~/.kube/config at import
+    time: it raises there. Such a process gets /, as container runtimes give it; here, before
+    any command imports the client."""
+    if os.path.expanduser("~") == "~":
+        os.environ["HOME"] = "/"
 
 
 class UsageError(Exception):

@@ -15,9 +15,10 @@ from typing import Literal, Protocol
 import grpc
 import pytest
 
-from dra_gpu import kube, slices
+from dra_gpu import kube
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
+from dra_gpu.resource import labels
 from dra_gpu.testing import (
     AgentProcess,
     ControlPlane,
@@ -355,7 +356,7 @@ async def delete_our_slices(api: kube.Kube, nodes: Collection[str] | None = None
     pool published, and later tests count the devices of their own."""
     listing = await api.get(
         f"{RESOURCE}/resourceslices",
-        labelSelector=f"{slices.MANAGED_BY_LABEL}={slices.MANAGED_BY_VALUE}",
+        labelSelector=f"{labels.MANAGED_BY_LABEL}={labels.MANAGED_BY_VALUE}",
     )
     for item in listing["items"]:
         if nodes is None or item["spec"].get("nodeName") in nodes:

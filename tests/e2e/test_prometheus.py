@@ -38,7 +38,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dra_gpu import kube, quantities
+from dra_gpu import kube
+from dra_gpu.resource import quantities
 from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,

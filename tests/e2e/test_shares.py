@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from dra_gpu import kube, quantities
+from dra_gpu import kube
+from dra_gpu.resource import quantities
 from dra_gpu.testing import AgentProcess, eventually
 from tests.e2e.helpers import (
     AgentStarter,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from dra_gpu import kube, slices
-from dra_gpu.agent import cdi, checkpoint
+from dra_gpu import kube
+from dra_gpu.agent import cdi, checkpoint, slices
 from dra_gpu.testing import AgentProcess, ControlPlane, RealNode, eventually
 from tests.e2e.helpers import allocated_claim, plugin_call
 

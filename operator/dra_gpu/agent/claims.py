@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NewType
 
 from dra_gpu.devices import edits, model
+from dra_gpu.resource import names
 
 ClaimUID = NewType("ClaimUID", str)
 
@@ -138,8 +139,6 @@ def share_env(devices: Sequence[tuple[AllocatedDevice, model.Device]]) -> dict[s
     return env
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 
@@ -147,14 +146,15 @@ def check_request(ref: ClaimRef) -> None:
     """The kubelet always sends all three, as the API server names them; anything else is a
     malformed request, not a claim (and must never become part of a URL or a file name)."""
     missing = [field for field in ("namespace", "name", "uid") if not getattr(ref, field)]
+    checks: tuple[tuple[str, Callable[[str], bool], str], ...] = (
+        ("namespace", names.is_dns_label, "DNS label"),
+        ("name", lambda name: len(name) > 253 or names.is_dns_subdomain(name), "DNS subdomain"),
+        ("uid", lambda uid: _UID.fullmatch(uid) is not None, "Kubernetes UID"),
+    )
     wrong = [
         f"{field} is not a {kind}"
-        for field, pattern, kind in (
-            ("namespace", _DNS_LABEL, "DNS label"),
-            ("name", _DNS_SUBDOMAIN, "DNS subdomain"),
-            ("uid", _UID, "Kubernetes UID"),
-        )
-        if getattr(ref, field) and not pattern.fullmatch(getattr(ref, field))
+        for field, check, kind in checks
+        if getattr(ref, field) and not check(getattr(ref, field))
     ]
     if len(ref.name) > 253:
         wrong.append("name is longer than 253 characters")

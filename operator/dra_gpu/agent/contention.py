@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dra_gpu.slices import Publisher
+from dra_gpu.agent.slices import Publisher
 
 INITIAL_SECONDS = 5.0
 MAX_SECONDS = 300.0

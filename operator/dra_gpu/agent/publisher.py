@@ -30,9 +30,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from dra_gpu import events, kube, metrics, slices
+from dra_gpu import kube
+from dra_gpu.agent import slices
 from dra_gpu.agent.contention import Contention
 from dra_gpu.devices import health, model
+from dra_gpu.kube import events
+from dra_gpu.resource import labels
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -335,8 +339,8 @@ def new_instance(pod_name: str) -> str:
 
 
 def _is_ours(body: dict[str, Any]) -> bool:
-    labels = body.get("metadata", {}).get("labels") or {}
-    return bool(labels.get(slices.MANAGED_BY_LABEL) == slices.MANAGED_BY_VALUE)
+    on_body = body.get("metadata", {}).get("labels") or {}
+    return bool(on_body.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY_VALUE)
 
 
 def _counter_sets(bodies: list[Any]) -> int:

@@ -29,15 +29,17 @@ from typing import NoReturn
 
 # isort: split
 
-from dra_gpu import events, httpserver, kube, metrics
+from dra_gpu import kube
 from dra_gpu.agent import cdi, checkpoint, claims, memory, mps, server, toolkit
 from dra_gpu.agent.claimcache import ClaimCache
-from dra_gpu.agent.health import ClaimOnDevice, HealthMonitor
+from dra_gpu.agent.health_monitor import ClaimOnDevice, HealthMonitor
 from dra_gpu.agent.publisher import SlicePublisher, new_instance
 from dra_gpu.agent.state import DeviceState
 from dra_gpu.agent.status import StatusWriter
 from dra_gpu.config import AgentSettings
 from dra_gpu.devices import model
+from dra_gpu.kube import events
+from dra_gpu.serving import httpserver, metrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "dra-gpu-agent"

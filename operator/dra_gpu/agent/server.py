@@ -50,8 +50,9 @@ import grpclib.server
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from dra_gpu import config
 from dra_gpu.agent.claims import ClaimRef, ClaimUID
-from dra_gpu.agent.health import DeviceReport, HealthSource
+from dra_gpu.agent.health_monitor import DeviceReport, HealthSource
 from dra_gpu.agent.state import DeviceState, PrepareFailed
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
@@ -70,8 +71,6 @@ the health stream only for a plugin that lists one (older kubelets ignore unknow
 HEALTH_RESEND_SECONDS = 10.0
 """The kubelet marks a device Unknown if not told about it for 30 s (its default timeout)."""
 SOCKET_MODE = 0o660
-MAX_SOCKET_PATH = 107
-"""Bytes in a unix socket's path (``sun_path`` is 108, with the terminating NUL)."""
 STOP_GRACE_SECONDS = 2.0
 """How long a stop waits for the calls being answered."""
 SOCKET_CHECK_SECONDS = 2.0
@@ -424,7 +423,7 @@ async def _bind(path: Path, handlers: Handlers) -> _Bound:
         )
     # Short (socket paths are limited), hidden (the kubelet's plugin watcher skips dot files).
     bind_at = path.with_name(f".{secrets.token_hex(2)}")
-    if len(os.fsencode(bind_at)) > MAX_SOCKET_PATH:
+    if len(os.fsencode(bind_at)) > config.MAX_SOCKET_PATH:
         bind_at = path  # no room for a temporary name: bind in place
     _clear(bind_at)
     server = grpclib.server.Server([_Servable(handlers)])

@@ -61,10 +61,22 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from dra_gpu import events, kube, metrics, opaque
-from dra_gpu.agent import cdi, checkpoint, claimcache, claims, failpoints, files, mps, toolkit
+from dra_gpu import kube
+from dra_gpu.agent import (
+    cdi,
+    checkpoint,
+    claimcache,
+    claims,
+    failpoints,
+    files,
+    mps,
+    opaque,
+    toolkit,
+)
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.devices import edits, mig, model
+from dra_gpu.kube import events
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ import asyncio
 import logging
 from typing import Any, NoReturn
 
-from dra_gpu import kube, metrics
+from dra_gpu import kube
 from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 

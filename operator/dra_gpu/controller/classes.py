@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_gpu import cel
-from dra_gpu.controller import inventory
-from dra_gpu.controller.explaining import class_drivers
+from dra_gpu.controller import published
 from dra_gpu.controller.reporter import Reporter
+from dra_gpu.controller.selectors import class_drivers
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import Changes, ClusterView
 
@@ -48,7 +48,7 @@ class ClassChecks:
             self._to_check |= set(self.warnings)
 
     async def run_once(self) -> None:
-        published: tuple[int, inventory.PublishedDevice | None] | None = None
+        found: tuple[int, published.PublishedDevice | None] | None = None
         for name in sorted(self._to_check):
             self._to_check.discard(name)
             device_class = self.view.classes.get(name)
@@ -58,10 +58,10 @@ class ClassChecks:
             drivers = class_drivers(device_class)
             if drivers and self.driver not in drivers:
                 continue  # another driver's class: not ours to judge
-            if published is None:
-                published = published_devices(self.view)
+            if found is None:
+                found = published_devices(self.view)
             admitted = self.tally.admitted.get(name, [0, 0, 0])[2]
-            problem = class_problem(device_class, admitted, *published)
+            problem = class_problem(device_class, admitted, *found)
             if problem is None:
                 self.warnings.pop(name, None)
                 continue
@@ -81,9 +81,9 @@ def _selectors(device_class: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def published_devices(view: ClusterView) -> tuple[int, inventory.PublishedDevice | None]:
+def published_devices(view: ClusterView) -> tuple[int, published.PublishedDevice | None]:
     """How many devices (any driver) complete pools hold, and the first of them, in the
-    order of ``inventory.current_pools``."""
+    order of ``published.current_pools``."""
     count, first = 0, None
     for key in sorted(view.pools):
         pool = view.pools[key]
@@ -96,11 +96,11 @@ def published_devices(view: ClusterView) -> tuple[int, inventory.PublishedDevice
 def class_problem(
     device_class: Mapping[str, Any],
     admitted: int,
-    published: int,
-    first: inventory.PublishedDevice | None,
+    total: int,
+    first: published.PublishedDevice | None,
 ) -> tuple[str, str] | None:
     """The reason and message of a Warning on the class, or None. ``admitted``: devices of
-    complete pools (any driver) the class admits; ``published``: all of them, ``first`` the
+    complete pools (any driver) the class admits; ``total``: all of them, ``first`` the
     first."""
     name = device_class["metadata"]["name"]
     for index, expression in enumerate(_selectors(device_class)):
@@ -110,7 +110,7 @@ def class_problem(
                 f"DeviceClass {name}: spec.selectors[{index}].cel.expression "
                 f"{' '.join(expression.split())!r} does not compile: {compiled.error}"
             )
-    if not published or admitted or first is None:
+    if not total or admitted or first is None:
         return None
     why = ""
     for index, expression in enumerate(_selectors(device_class)):
@@ -120,6 +120,6 @@ def class_problem(
             why += verdict.error
             break
     return "NoDeviceMatches", (
-        f"DeviceClass {name}: none of the {published} published devices satisfies its "
+        f"DeviceClass {name}: none of the {total} published devices satisfies its "
         f"selectors; claims of this class cannot be allocated{why}"
     )

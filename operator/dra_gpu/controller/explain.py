@@ -43,9 +43,10 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from typing import Any
 
 from dra_gpu import cel
-from dra_gpu.controller import inventory, partitions, selections
-from dra_gpu.controller.inventory import DeviceKey
+from dra_gpu.controller import partitions, published, selections
+from dra_gpu.controller.published import DeviceKey
 from dra_gpu.controller.selections import ListKey, Outcome, Selections
+from dra_gpu.resource import names
 
 Body = Mapping[str, Any]
 
@@ -280,7 +281,7 @@ def explain_claim(
     if (claim.get("status") or {}).get("allocation") or (claim.get("metadata") or {}).get(
         "deletionTimestamp"
     ):
-        world = World(Layout(()), inventory.HolderIndex(), nodes, slices)  # not read
+        world = World(Layout(()), published.HolderIndex(), nodes, slices)  # not read
     else:
         world = build_world(slices, claims, nodes)
     return explain(claim, world, classes=classes, pod=pod, prepare_failure=prepare_failure)
@@ -325,8 +326,8 @@ def build_world(
 ) -> World:
     """The World of ``explain_claim``: all ResourceSlices, all claims, Nodes by name."""
     slices = list(slices)
-    layout = Layout(inventory.read_pools(slices), selections)
-    return World(layout, inventory.HolderIndex.of(claims), nodes, slices)
+    layout = Layout(published.read_pools(slices), selections)
+    return World(layout, published.HolderIndex.of(claims), nodes, slices)
 
 
 def format_pieces(explanation: Explanation) -> str:
@@ -460,7 +461,7 @@ def class_names(claim: Body) -> list[str]:
     return sorted(n for n in names if n)
 
 
-_result_key = inventory.result_key
+_result_key = published.result_key
 
 
 def _attached_nodes(slices: Sequence[Body]) -> dict[DeviceKey, str]:
@@ -485,7 +486,7 @@ def _slice_nodes(slices: Sequence[Body]) -> Iterable[tuple[str, str]]:
 # --- the cluster as the requests see it --------------------------------------------------
 
 
-_Device = inventory.PublishedDevice
+_Device = published.PublishedDevice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,7 +496,7 @@ class _IncompletePool:
     generation: int
     present: int
     expected: int
-    source: inventory.Pool
+    source: published.Pool
 
     @property
     def devices(self) -> tuple[_Device, ...]:
@@ -516,12 +517,12 @@ class Layout:
     """
 
     def __init__(
-        self, pools: Iterable[inventory.Pool], selections: Selections | None = None
+        self, pools: Iterable[published.Pool], selections: Selections | None = None
     ) -> None:
         self.selections = selections if selections is not None else Selections()
-        placed: list[tuple[_Device, inventory.Pool, int]] = []
+        placed: list[tuple[_Device, published.Pool, int]] = []
         incomplete: list[_IncompletePool] = []
-        pools_placed: dict[tuple[str, str], inventory.Pool] = {}
+        pools_placed: dict[tuple[str, str], published.Pool] = {}
         for pool in sorted(pools, key=lambda p: p.key):
             if pool.complete:
                 pools_placed[pool.key] = pool
@@ -535,7 +536,7 @@ class Layout:
         placed.sort(key=lambda entry: entry[0].order)  # stable: pool order, then slice order
         self.devices: tuple[_Device, ...] = tuple(d for d, _, _ in placed)
         """Devices of complete pools at their newest generation, in natural order."""
-        where: dict[tuple[str, str], tuple[inventory.Pool, list[int]]] = {}
+        where: dict[tuple[str, str], tuple[published.Pool, list[int]]] = {}
         for index, (_, pool, position) in enumerate(placed):
             where.setdefault(pool.key, (pool, [0] * len(pool.devices)))[1][position] = index
         self._where = list(where.values())
@@ -609,7 +610,7 @@ class World:
     def __init__(
         self,
         layout: Layout,
-        holders: inventory.HolderIndex,
+        holders: published.HolderIndex,
         nodes: Mapping[str, Body],
         slices: Sequence[Body] | Callable[[], Sequence[Body]],
         *,
@@ -1635,4 +1636,4 @@ def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
 
 
-_natural = inventory.natural
+_natural = names.natural

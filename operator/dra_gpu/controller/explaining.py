@@ -42,16 +42,15 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from dra_gpu import cel
-from dra_gpu.controller import explain, inventory, selections
+from dra_gpu.controller import explain, published, selections
 from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.selections import Selections
-from dra_gpu.controller.tallies import class_selectors
+from dra_gpu.controller.selectors import class_drivers, class_selectors
 from dra_gpu.controller.view import Changes, ClusterView, PoolKey
 
 log = logging.getLogger(__name__)
@@ -65,16 +64,6 @@ URGENT_PARALLEL = 4
 BULK = 2_000
 """A batch of changes this large (a start, a relist) makes every class's claims stale at once
 instead of being traced one change at a time."""
-
-_DRIVER_IS = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
-
-
-def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
-    """Drivers a class's selectors name with ``device.driver == "..."`` (empty: any)."""
-    drivers: set[str] = set()
-    for compiled in class_selectors(device_class):
-        drivers |= set(_DRIVER_IS.findall(compiled.expression))
-    return drivers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +150,7 @@ class Explainer:
                 totals[1] += row[1]
         self._counts[name] = totals
 
-    def _count(self, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool) -> tuple[int, int]:
+    def _count(self, compiled: tuple[cel.Compiled, ...], pool: published.Pool) -> tuple[int, int]:
         """Devices of a complete pool the class does not rule out, and those without a node."""
         if not pool.complete:
             return 0, 0
@@ -169,7 +158,7 @@ class Explainer:
         found = [d for d, o in zip(pool.devices, outcomes, strict=True) if selections.candidate(o)]
         return len(found), sum(1 for d in found if d.node is None)
 
-    def _pool_changed(self, key: PoolKey, before: inventory.Pool | None, *, bump: bool) -> None:
+    def _pool_changed(self, key: PoolKey, before: published.Pool | None, *, bump: bool) -> None:
         after = self.view.pools.get(key)
         incomplete = (before is not None and not before.complete) or (
             after is not None and not after.complete
@@ -192,7 +181,7 @@ class Explainer:
         if new_rows:
             self._pool_counts[key] = new_rows
 
-    def _held_changed(self, device: inventory.DeviceKey) -> None:
+    def _held_changed(self, device: published.DeviceKey) -> None:
         pool = self.view.pools.get((device[0], device[1]))
         if pool is None or not pool.complete:
             return  # not in the World: nobody sees its holders
@@ -446,7 +435,7 @@ class Explainer:
         uid = str(claim["metadata"].get("uid", ""))
         failure = inputs[2] if isinstance(inputs[2], explain.PrepareFailure) else None
         if failure is not None:  # the driver's part: only the claim's own pools are read
-            pools = {inventory.result_key(r)[:2] for r in _results(claim)}
+            pools = {published.result_key(r)[:2] for r in _results(claim)}
             result = explain.explain_claim(
                 claim,
                 pod=waiting[0],

@@ -43,7 +43,7 @@ from typing import NoReturn
 
 import kopf
 
-from dra_gpu import httpserver, kube, metrics
+from dra_gpu import kube
 from dra_gpu.config import ControllerSettings
 from dra_gpu.controller import selections, wiring
 from dra_gpu.controller.classes import ClassChecks
@@ -54,9 +54,11 @@ from dra_gpu.controller.prepares import PrepareFailures
 from dra_gpu.controller.repair import StatusRepair
 from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.selections import Selections
-from dra_gpu.controller.tallies import Tally, class_selectors
+from dra_gpu.controller.selectors import class_selectors
+from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.timings import PodTimings
 from dra_gpu.controller.view import Changes, ClusterView
+from dra_gpu.serving import httpserver, metrics
 
 log = logging.getLogger(__name__)
 SETTLE_SECONDS = 0.2

@@ -19,7 +19,7 @@ metrics and the explanations need it (k8s.io/dynamic-resource-allocation, ``stru
 
 ``Usage`` reads a ``HolderIndex`` and the pools, and keeps per pool what its allocations use
 (``PoolUsage``) until told that the pool or its holders changed (``forget``), so the cost of a
-change is the pool it touched. It is the ``inventory.Availability`` of the metrics: a device is
+change is the pool it touched. It is the ``published.Availability`` of the metrics: a device is
 free when a new claim could get it now (``available``); a partitioned GPU's memory counts once
 (its largest partition's: the full-size one, ``Pool.memory_carriers``) and a shared device's
 allocated memory is what its shares consumed.
@@ -35,7 +35,7 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from dra_gpu.controller.inventory import (
+from dra_gpu.controller.published import (
     Amount,
     Capacity,
     DeviceKey,

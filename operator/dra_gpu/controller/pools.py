@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from dra_gpu import kube, metrics, slices
+from dra_gpu import kube
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import Changes, ClusterView
+from dra_gpu.resource import labels
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -61,10 +63,10 @@ class PoolChecks:
             if body is None:
                 self._to_check.discard(name)
                 continue
-            labels = body["metadata"].get("labels") or {}
+            on_body = body["metadata"].get("labels") or {}
             node = body["spec"].get("nodeName")
             if (
-                labels.get(slices.MANAGED_BY_LABEL) != slices.MANAGED_BY_VALUE
+                on_body.get(labels.MANAGED_BY_LABEL) != labels.MANAGED_BY_VALUE
                 or body["spec"].get("driver") != self.driver
                 or not node
                 or node in self.view.nodes

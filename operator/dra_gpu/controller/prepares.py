@@ -19,9 +19,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from dra_gpu import kube, metrics
+from dra_gpu import kube
 from dra_gpu.controller import explain
 from dra_gpu.controller.view import ClusterView
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 

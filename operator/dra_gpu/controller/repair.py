@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from dra_gpu import kube, metrics
+from dra_gpu import kube
 from dra_gpu.controller.view import Changes, ClusterView
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 RESOURCE = "/apis/resource.k8s.io/v1"

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from dra_gpu import events, kube, metrics
+from dra_gpu import kube
+from dra_gpu.kube import events
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "dra-gpu-controller"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dra_gpu import cel
-from dra_gpu.controller.inventory import Pool, PublishedDevice
+from dra_gpu.controller.published import Pool, PublishedDevice
 
 Outcome = tuple[int, cel.Evaluation] | None
 """None: every selector accepts the device; else (index of the first that does not, its result)."""

@@ -6,8 +6,8 @@ pools that are not complete, and per partitioned GPU and shared device of our dr
 counters, partitions, shared memory and shares in use. Every replica keeps them. Each count is
 a sum of per-pool contributions: a change to a pool's slices, or to the holders of one of its
 devices, recounts that pool (a few devices), and an edited class is recounted over every pool
-once. What it counts is what ``inventory.current_pools`` (complete pools only:
-``inventory.Pool.complete``, the rule ``explain`` uses too), ``inventory.per_node`` with
+once. What it counts is what ``published.current_pools`` (complete pools only:
+``published.Pool.complete``, the rule ``explain`` uses too), ``published.per_node`` with
 ``partitions.Usage`` (a device is free when a new claim could get it now: not held, its
 counters not used up, a shared device with room for a share) and the class selectors say, so a
 recount from scratch gives the same numbers (tests compare the two).
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from dra_gpu import cel, metrics
-from dra_gpu.controller import inventory, partitions, selections
+from dra_gpu import cel
+from dra_gpu.controller import partitions, published, selections, selectors
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.view import Changes, ClusterView, PoolKey
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,6 @@ Series = dict[tuple[Any, tuple[str, ...]], float]
 gauges."""
 
 
-def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]:
-    """A DeviceClass's CEL selectors, compiled (once per expression)."""
-    return tuple(
-        cel.compile_selector(str(s["cel"].get("expression", "")))
-        for s in (device_class.get("spec") or {}).get("selectors") or []
-        if "cel" in s
-    )
-
-
 class Tally:
     def __init__(self, driver: str, selections: Selections) -> None:
         self.driver = driver
@@ -60,8 +52,8 @@ class Tally:
         """Node -> published, allocated, memory, memory allocated (our driver)."""
         self.admitted: dict[str, list[int]] = {}
         """Class -> our devices admitted, allocated; devices of any driver admitted."""
-        self.problems: dict[PoolKey, inventory.PoolProblem] = {}
-        """Pools (every driver) that are not complete (``inventory.Pool.complete``)."""
+        self.problems: dict[PoolKey, published.PoolProblem] = {}
+        """Pools (every driver) that are not complete (``published.Pool.complete``)."""
         self._pool_nodes: dict[PoolKey, dict[str, NodeRow]] = {}
         self._pool_classes: dict[PoolKey, dict[str, ClassRow]] = {}
         self.series: dict[PoolKey, Series] = {}
@@ -91,7 +83,7 @@ class Tally:
             self.classes.pop(name, None)
             self.admitted.pop(name, None)
             return
-        compiled = self.classes[name] = class_selectors(body)
+        compiled = self.classes[name] = selectors.class_selectors(body)
         totals = [0, 0, 0, 0]
         for key, pool in view.pools.items():
             if not pool.complete:
@@ -159,13 +151,13 @@ class Tally:
             moved.add(name)
         return moved
 
-    def _node_rows(self, view: ClusterView, pool: inventory.Pool) -> dict[str, NodeRow]:
+    def _node_rows(self, view: ClusterView, pool: published.Pool) -> dict[str, NodeRow]:
         """The pool's share of each node's counts (the same rule as a full count)."""
-        counts = inventory.per_node(pool.devices, view.holders, self.driver, view.usage)
+        counts = published.per_node(pool.devices, view.holders, self.driver, view.usage)
         return {node: c.row() for node, c in counts.items()}
 
     def _class_row(
-        self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: inventory.Pool
+        self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: published.Pool
     ) -> ClassRow:
         outcomes = self.selections.outcomes(compiled, pool)
         ours = pool.driver == self.driver
@@ -219,7 +211,7 @@ def _remove(gauge: Any, *labels: str) -> None:
         gauge.remove(*labels)
 
 
-def pool_series(usage: partitions.Usage, pool: inventory.Pool) -> Series:
+def pool_series(usage: partitions.Usage, pool: published.Pool) -> Series:
     """The series of one complete pool of our driver: per counter set, each counter family used
     and free and the devices allocated from it; per shared device, its memory and shares."""
     found: Series = {}
@@ -227,7 +219,7 @@ def pool_series(usage: partitions.Usage, pool: inventory.Pool) -> Series:
         used = usage.pool(pool.key)
         for name, counter_set in pool.counter_sets.items():
             node = counter_set.node or pool.pool
-            families: dict[str, list[inventory.Amount]] = {}
+            families: dict[str, list[published.Amount]] = {}
             for counter, value in counter_set.counters.items():
                 taken = used.used.get(name, {}).get(counter, 0)
                 row = families.setdefault(partitions.family(counter), [0, 0])

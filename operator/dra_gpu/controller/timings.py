@@ -13,8 +13,8 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from dra_gpu import metrics
 from dra_gpu.controller.view import Changes, ClusterView
+from dra_gpu.serving import metrics
 
 
 class PodTimings:

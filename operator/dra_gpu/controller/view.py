@@ -8,8 +8,8 @@ other fields (a Node's heartbeat, a Pod's container status) is no change at all,
 skip the Pods that use no claim (most Pods of a cluster) altogether.
 
 ``apply`` keeps the indexes the controller's jobs read instead of scanning: pods by the claims
-they use, pending claims, claims by state, devices by holder (``inventory.HolderIndex``), each
-pool at its newest generation (``inventory.Pool``, rebuilt only when one of its slices changes),
+they use, pending claims, claims by state, devices by holder (``published.HolderIndex``), each
+pool at its newest generation (``published.Pool``, rebuilt only when one of its slices changes),
 the pools with devices on each node, and what allocations use of each pool's counter sets and
 shared devices (``partitions.Usage``, worked out again for a pool when it or its holders
 change). It also notes what changed (``take_changes``), so a pass costs what changed, not what
@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dra_gpu.controller import explain, inventory, partitions
+from dra_gpu.controller import explain, partitions, published
 
 Body = dict[str, Any]
 KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node")
@@ -136,9 +136,9 @@ class Changes:
     pods: set[str] = dataclasses.field(default_factory=set)
     nodes: set[str] = dataclasses.field(default_factory=set)
     slices: set[str] = dataclasses.field(default_factory=set)
-    pools: dict[PoolKey, inventory.Pool | None] = dataclasses.field(default_factory=dict)
+    pools: dict[PoolKey, published.Pool | None] = dataclasses.field(default_factory=dict)
     """Pools whose slices changed, each with the pool as it was before (None: it was not)."""
-    held: set[inventory.DeviceKey] = dataclasses.field(default_factory=set)
+    held: set[published.DeviceKey] = dataclasses.field(default_factory=set)
     """Devices whose holders may have changed."""
 
     def __bool__(self) -> bool:
@@ -172,11 +172,11 @@ class ClusterView:
         self.claim_states: collections.Counter[str] = collections.Counter(
             {"pending": 0, "allocated": 0, "reserved": 0}
         )
-        self.holders = inventory.HolderIndex()
+        self.holders = published.HolderIndex()
         self._slice_seq: dict[str, int] = {}
         self._slice_pool: dict[str, PoolKey] = {}
         self._pool_slices: dict[PoolKey, set[str]] = {}
-        self.pools: dict[PoolKey, inventory.Pool] = {}
+        self.pools: dict[PoolKey, published.Pool] = {}
         """Every (driver, pool) at its newest generation."""
         self.usage = partitions.Usage(self.holders, self.pools)
         """Counters and shares the allocations use, per pool."""
@@ -316,7 +316,7 @@ class ClusterView:
             self.claim_states[before] -= 1
         self._pending.discard(name)
         if new is not None:
-            state = inventory.claim_state(new)
+            state = published.claim_state(new)
             self._states[name] = state
             self.claim_states[state] += 1
             if state == "pending":
@@ -331,7 +331,7 @@ class ClusterView:
             self._seq += 1
             self._slice_seq[name] = self._seq
         was = self._slice_pool.pop(name, None)
-        now = inventory.pool_key(new) if new is not None else None
+        now = published.pool_key(new) if new is not None else None
         if was is not None:
             self._pool_slices[was].discard(name)
         if now is not None:
@@ -361,7 +361,7 @@ class ClusterView:
         # The pool's slices in the order they came into the view, as a list of the view's
         # slices would have them.
         bodies = [self.slices[n] for n in sorted(names, key=self._slice_seq.__getitem__)]
-        current = inventory.read_pool(pool[0], pool[1], bodies)
+        current = published.read_pool(pool[0], pool[1], bodies)
         self.pools[pool] = current
         for node in {d.node for d in current.devices if d.node}:
             self._pools_on_node.setdefault(node, set()).add(pool)

@@ -1,7 +1,7 @@
 """Where the node agent's devices come from: the inventory model and its two backends.
 
 ``model`` holds the types every backend produces; ``simulated`` reads a YAML profile and
-``nvml`` reads the real GPUs. Nothing here talks to Kubernetes; ``dra_gpu.slices`` turns an
+``nvml`` reads the real GPUs. Nothing here talks to Kubernetes; ``dra_gpu.agent.slices`` turns an
 inventory into ResourceSlice bodies.
 """
 

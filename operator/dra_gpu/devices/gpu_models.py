@@ -23,10 +23,10 @@ known to differ from NVML, where they are NVIDIA's MIG User Guide ("Supported MI
   ``3g`` (3 instead of 4), ``7g`` (7 instead of 8) and the two-slice ``1g`` profile (7 placements
   of 1 slice, for 4 instances, instead of 4 of 2), which NVML does not (``MOCK_ERRATA``).
 
-``tests/unit/inventory/test_nvml_oracle.py`` checks every model against the oracle's dump field by
+``tests/unit/devices/test_nvml_oracle.py`` checks every model against the oracle's dump field by
 field, and that each erratum is still what the mock answers, so a change on either side fails.
 To regenerate after moving the pin: ``hack/build-nvmlref.sh``, then
-``.venv/bin/python -m tests.unit.inventory.nvmlref dump dgxh200`` prints a machine's answers.
+``.venv/bin/python -m tests.unit.devices.nvmlref dump dgxh200`` prints a machine's answers.
 Memory is NVML's (the mock's MiB), slightly less than a profile's name says.
 """
 

@@ -23,8 +23,8 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from dra_gpu import quantities, semvers
 from dra_gpu.devices.health import Fault, Reset, Taint
+from dra_gpu.resource import names, quantities, semvers
 
 if TYPE_CHECKING:
     from dra_gpu.devices import edits
@@ -39,10 +39,6 @@ MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMPTIONS_PER_DEVICE = 2
 _INT64 = (-(2**63), 2**63 - 1)
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 class InventoryError(ValueError):
     """An inventory, device or value that cannot be published as it is."""
@@ -52,31 +48,12 @@ class ProfileError(InventoryError):
     """A simulated-inventory profile that cannot be used; the message names file and field."""
 
 
-# --- names ---------------------------------------------------------------------------------------
-
-
-def is_dns_label(name: str) -> bool:
-    return len(name) <= 63 and _DNS_LABEL.fullmatch(name) is not None
-
-
-def is_dns_subdomain(name: str) -> bool:
-    return len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) is not None
-
-
-def is_qualified_name(name: str) -> bool:
-    """An attribute or capacity key: ``memory`` or ``<DNS subdomain <= 63>/<C identifier>``."""
-    domain, slash, ident = name.rpartition("/")
-    if slash and not (len(domain) <= 63 and is_dns_subdomain(domain)):
-        return False
-    return len(ident) <= 32 and _C_IDENTIFIER.fullmatch(ident) is not None
-
-
 # --- quantities and versions ---------------------------------------------------------------------
 
 
 def parse_quantity(text: str) -> Fraction:
     """The exact value of a Kubernetes quantity ("24Gi", "1.5G", "100m"), parsed as the API
-    server parses it (``dra_gpu.quantities``); InventoryError if it is none."""
+    server parses it (``dra_gpu.resource.quantities``); InventoryError if it is none."""
     try:
         return quantities.exact_value(text)
     except quantities.QuantityError:
@@ -352,17 +329,17 @@ class Device:
             )
         for set_name, counters in self.consumes.items():
             _check_counters(f"{where}: counter set {set_name!r}", set_name, counters)
-        if not isinstance(self.name, str) or not is_dns_label(self.name):
+        if not isinstance(self.name, str) or not names.is_dns_label(self.name):
             raise InventoryError(f"{where}: the name must be a DNS label (e.g. gpu-0)")
         if not self.uuid:
             raise InventoryError(f"{where}: the uuid is empty")
         for key, value in self.attributes.items():
-            if not is_qualified_name(key):
+            if not names.is_qualified_name(key):
                 raise InventoryError(f"{where}: attribute {key!r}: {_BAD_NAME}")
             if not isinstance(value, IntValue | BoolValue | StringValue | VersionValue):
                 raise InventoryError(f"{where}: attribute {key!r}: {value!r} is not a value type")
         for key, quantity in self.capacity.items():
-            if not is_qualified_name(key):
+            if not names.is_qualified_name(key):
                 raise InventoryError(f"{where}: capacity {key!r}: {_BAD_NAME}")
             try:
                 if not isinstance(quantity, str):
@@ -412,12 +389,12 @@ _BAD_NAME = "not a C identifier of at most 32 characters, optionally prefixed by
 
 
 def _check_counters(where: str, set_name: str, counters: Mapping[str, int]) -> None:
-    if not is_dns_label(set_name):
+    if not names.is_dns_label(set_name):
         raise InventoryError(f"{where}: the name must be a DNS label")
     if not counters or len(counters) > MAX_COUNTERS_PER_SET:
         raise InventoryError(f"{where}: 1 to {MAX_COUNTERS_PER_SET} counters, not {len(counters)}")
     for counter, value in counters.items():
-        if not is_dns_label(counter):
+        if not names.is_dns_label(counter):
             raise InventoryError(f"{where}: counter {counter!r} is not a DNS label")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InventoryError(f"{where}: counter {counter!r}: {value!r} is not a count")

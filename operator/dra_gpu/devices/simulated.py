@@ -79,6 +79,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dra_gpu.devices import edits, health, mig, model, pci, sharing, strict
+from dra_gpu.resource import names
 
 _R = TypeVar("_R")
 _Placement = mig.Placement  # Profile.mig (a field) hides the module inside the class
@@ -442,7 +443,7 @@ def parse_faults(
     parser = _Parser(source, what="faults file")
     faults: list[health.Fault] = []
     for device, spec in parser.mapping(data, "", None).items():
-        if not isinstance(device, str) or not model.is_dns_label(device):
+        if not isinstance(device, str) or not names.is_dns_label(device):
             raise parser.error(str(device), "a device name must be a DNS label (e.g. gpu-0)")
         entries = parser.mapping(spec, device, _FAULT_FIELDS)
         if not entries.keys() - {"gpuInstance"}:
@@ -536,7 +537,7 @@ class _Parser:
         tables: dict[str, dict[str, mig.MigTable]] = {}
         for node, spec in self.mapping(top["nodes"], "nodes", None).items():
             path = f"nodes.{node}"
-            if not isinstance(node, str) or not model.is_dns_subdomain(node):
+            if not isinstance(node, str) or not names.is_dns_subdomain(node):
                 raise self.error(path, "a node name must be a DNS subdomain (e.g. node-01)")
             tables[node] = {}
             nodes[node] = self.node(node, spec, path, parsed_defaults, tables[node])
@@ -672,7 +673,7 @@ def _string(value: object) -> str:
 
 
 def _name(value: object) -> str:
-    if not isinstance(value, str) or not model.is_dns_label(value):
+    if not isinstance(value, str) or not names.is_dns_label(value):
         raise model.InventoryError(f"{value!r} is not a DNS label (e.g. gpu-0)")
     return value
 

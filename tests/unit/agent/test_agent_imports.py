@@ -1,7 +1,7 @@
 """What the node agent's process loads, in a fresh interpreter: neither aiohttp nor
 kubernetes-asyncio (with its generated classes, about 35 MiB more on every GPU node), nor
-grpcio (its core library, 10 MiB). The agent speaks HTTP through ``dra_gpu.httpclient``, serves
-it through ``dra_gpu.httpserver`` and serves gRPC with grpclib (``agent.server``)."""
+grpcio (its core library, 10 MiB). The agent speaks HTTP through ``dra_gpu.kube.transport``, serves
+it through ``dra_gpu.serving.httpserver`` and serves gRPC with grpclib (``agent.server``)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import heapq
 import pytest
 
 from dra_gpu.agent.contention import Contention
-from dra_gpu.slices import Publisher, publisher_of
+from dra_gpu.agent.slices import Publisher, publisher_of
 
 NODE = "node-01"
 DRIVER = "gpu.example.com"

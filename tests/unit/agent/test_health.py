@@ -15,9 +15,8 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from dra_gpu import metrics
 from dra_gpu.agent import server
-from dra_gpu.agent.health import HealthMonitor
+from dra_gpu.agent.health_monitor import HealthMonitor
 from dra_gpu.devices import model, simulated
 from dra_gpu.proto.drahealth.v1 import api_pb2 as health_v1
 from dra_gpu.proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
@@ -25,6 +24,7 @@ from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_gpu.proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from dra_gpu.serving import metrics
 from dra_gpu.testing import eventually
 from tests.unit.agent.test_state import state
 

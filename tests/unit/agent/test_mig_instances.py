@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 import pytest
 
-from dra_gpu import metrics
 from dra_gpu.agent import cdi, checkpoint, failpoints
 from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared, PrepareFailed
 from dra_gpu.devices import mig, model, nvml, simulated
+from dra_gpu.serving import metrics
 from tests.unit.agent.rig import ClaimsApi
-from tests.unit.inventory.fake_pynvml import PRIVILEGED_CALLS, FakeGpu, FakeNvml, a100_in_mig_mode
+from tests.unit.devices.fake_pynvml import PRIVILEGED_CALLS, FakeGpu, FakeNvml, a100_in_mig_mode
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"

@@ -20,7 +20,7 @@ from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import model, nvml, simulated
 from tests.unit.agent.rig import ClaimsApi, device_state
-from tests.unit.inventory.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
+from tests.unit.devices.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"

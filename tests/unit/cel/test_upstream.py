@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from dra_gpu._cel import declarations
+from dra_gpu.cel._port import declarations
 from tests.unit.cel import celgen
 from tests.unit.cel.celref import Oracle, build_oracle, ours, verdict
 from tests.unit.cel.upstream_table import BOTH, CASES

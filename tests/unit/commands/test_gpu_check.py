@@ -24,7 +24,7 @@ import pynvml
 import pytest
 
 from tests.unit.commands import gpu_check_fakes as fakes
-from tests.unit.inventory import fake_pynvml
+from tests.unit.devices import fake_pynvml
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "hack" / "gpu-check"

@@ -11,7 +11,7 @@ from contextlib import AbstractAsyncContextManager
 
 import prometheus_client
 
-from dra_gpu import httpserver
+from dra_gpu.serving import httpserver
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-from dra_gpu.kube import ApiError, _query_value
+from dra_gpu.kube.client import ApiError, _query_value
 
 
 def test_api_error_names_request_status_and_server_message() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_gpu.controller import explain, inventory
+from dra_gpu.controller import explain, published
 from dra_gpu.controller.explain import Reason, Verdict
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "crds-examples"
@@ -439,7 +439,7 @@ def test_slices_that_disagree_on_their_count_are_an_incomplete_pool_as_for_the_m
         "pool node-01 of gpu.example.com is incomplete: its 2 slices at generation 1 "
         "disagree on resourceSliceCount (1, 2)"
     )
-    devices, _ = inventory.current_pools([first, second])
+    devices, _ = published.current_pools([first, second])
     assert devices == []  # one rule: the metrics do not count it either
 
 

@@ -4,7 +4,7 @@ Random creates, updates and deletes of slices, classes, claims, pods and nodes g
 view as watch events would; after each batch the controller's parts take the batch's changes
 (``Tally.update``, ``Explainer.note``, ``Explainer.refresh``) and what they hold — every gauge's
 count, every pending claim's explanation — is compared with what the pure functions compute
-from all the objects at once (``inventory.current_pools``, ``per_node``, ``explain_claim``).
+from all the objects at once (``published.current_pools``, ``per_node``, ``explain_claim``).
 
 Slices may carry counter sets and devices that consume them or are shared (with a memory
 request policy); claims may hold shares with consumed capacity and ask for capacity. What is
@@ -28,14 +28,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from dra_gpu import cel, metrics
-from dra_gpu.controller import explain, inventory, partitions
+from dra_gpu import cel
+from dra_gpu.controller import explain, partitions, published
 from dra_gpu.controller.explaining import Explainer
 from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import ClusterView
-from dra_gpu.quantities import exact_value
+from dra_gpu.resource.quantities import exact_value
+from dra_gpu.serving import metrics
 
 DRIVER = "gpu.example.com"
 OTHER = "nic.example.com"
@@ -386,7 +387,7 @@ def key_of(body: Body) -> str:
     return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
 
 
-def admits(device_class: Body, device: inventory.PublishedDevice) -> bool:
+def admits(device_class: Body, device: published.PublishedDevice) -> bool:
     for selector in device_class.get("spec", {}).get("selectors") or []:
         compiled = cel.compile_selector(selector["cel"]["expression"])
         if compiled.error or not cel.evaluate(compiled, device.driver, device.body).matched:
@@ -429,10 +430,10 @@ def without_devices(explanation: explain.Explanation) -> explain.Explanation:
     return dataclasses.replace(explanation, requests=tuple(strip(r) for r in explanation.requests))
 
 
-def reference_holds(claims: Iterable[Body]) -> list[tuple[inventory.DeviceKey, Body]]:
+def reference_holds(claims: Iterable[Body]) -> list[tuple[published.DeviceKey, Body]]:
     """Every result that holds a device (admin access holds none), with its claim's key."""
     return [
-        (inventory.result_key(r), r)
+        (published.result_key(r), r)
         for claim in claims
         for r in ((claim.get("status") or {}).get("allocation") or {})
         .get("devices", {})
@@ -441,7 +442,7 @@ def reference_holds(claims: Iterable[Body]) -> list[tuple[inventory.DeviceKey, B
     ]
 
 
-def reference_used(pool: inventory.Pool, claims: Iterable[Body]) -> dict[tuple[str, str], Fraction]:
+def reference_used(pool: published.Pool, claims: Iterable[Body]) -> dict[tuple[str, str], Fraction]:
     """(counter set, counter) -> consumed by the pool's held devices, each counted once (as
     the scheduler, by name: two devices of one name in a pool are both held)."""
     held = {key[2] for key, _ in reference_holds(claims) if key[:2] == pool.key}
@@ -455,7 +456,7 @@ def reference_used(pool: inventory.Pool, claims: Iterable[Body]) -> dict[tuple[s
     return used
 
 
-def reference_consumed(key: inventory.DeviceKey, claims: Iterable[Body]) -> Fraction:
+def reference_consumed(key: published.DeviceKey, claims: Iterable[Body]) -> Fraction:
     return sum(
         (
             exact_value(r["consumedCapacity"]["memory"])
@@ -467,8 +468,8 @@ def reference_consumed(key: inventory.DeviceKey, claims: Iterable[Body]) -> Frac
 
 
 def reference_free(
-    device: inventory.PublishedDevice,
-    pools: dict[tuple[str, str], inventory.Pool],
+    device: published.PublishedDevice,
+    pools: dict[tuple[str, str], published.Pool],
     claims: Iterable[Body],
 ) -> bool:
     """Whether a new claim could get ``device``: the rule of the README, counted plainly."""
@@ -500,7 +501,7 @@ def reference_free(
 
 
 def reference_series(
-    pool: inventory.Pool, claims: Iterable[Body]
+    pool: published.Pool, claims: Iterable[Body]
 ) -> dict[tuple[Any, tuple[str, ...]], float]:
     """The pool's counter and shared-device series, counted plainly."""
     claims = list(claims)
@@ -569,13 +570,13 @@ class Cluster:
     def check(self) -> None:
         slices, claims = list(self.objects["ResourceSlice"].values()), self.objects["ResourceClaim"]
         classes, nodes = self.objects["DeviceClass"], self.objects["Node"]
-        devices, problems = inventory.current_pools(slices)
-        held = inventory.allocated(claims.values())
-        pools = {p.key: p for p in inventory.read_pools(slices) if p.complete}
+        devices, problems = published.current_pools(slices)
+        held = published.allocated(claims.values())
+        pools = {p.key: p for p in published.read_pools(slices) if p.complete}
         free = {d.key: reference_free(d, pools, claims.values()) for d in devices}
-        usage = partitions.Usage(inventory.HolderIndex.of(claims.values()), pools)
+        usage = partitions.Usage(published.HolderIndex.of(claims.values()), pools)
         expected_nodes = {
-            node: c.row() for node, c in inventory.per_node(devices, held, DRIVER, usage).items()
+            node: c.row() for node, c in published.per_node(devices, held, DRIVER, usage).items()
         }
         assert {n: tuple(v) for n, v in self.tally.nodes.items() if v[0]} == expected_nodes
         for node, row in expected_nodes.items():
@@ -604,7 +605,7 @@ class Cluster:
                     note("shares held")
         if any(free[d.key] != (d.key not in held) for d in devices if d.driver == DRIVER):
             note("a device neither held nor free")
-        states = collections.Counter(inventory.claim_state(c) for c in claims.values())
+        states = collections.Counter(published.claim_state(c) for c in claims.values())
         assert {s: self.view.claim_states[s] for s in states} == states
         assert {(p.driver, p.pool): p.message for p in problems} == {
             k: p.message for k, p in self.tally.problems.items()

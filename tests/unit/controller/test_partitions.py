@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import metrics, slices
-from dra_gpu.controller import explain, inventory, partitions
+from dra_gpu.agent import slices
+from dra_gpu.controller import explain, partitions, published
 from dra_gpu.controller.explain import Reason, Verdict
 from dra_gpu.controller.explaining import Explainer
 from dra_gpu.controller.reporter import Reporter
@@ -22,6 +22,7 @@ from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import ClusterView
 from dra_gpu.devices import simulated
+from dra_gpu.serving import metrics
 
 DRIVER = "gpu.example.com"
 GI = 2**30
@@ -73,12 +74,12 @@ def request(selector: str | None = None, memory: str | None = None) -> list[Body
     return [{"name": "gpu", "exactly": exactly}]
 
 
-def usage_of(claims: list[Body]) -> tuple[partitions.Usage, inventory.Pool]:
-    (pool,) = inventory.read_pools(node_slices())
-    return partitions.Usage(inventory.HolderIndex.of(claims), {pool.key: pool}), pool
+def usage_of(claims: list[Body]) -> tuple[partitions.Usage, published.Pool]:
+    (pool,) = published.read_pools(node_slices())
+    return partitions.Usage(published.HolderIndex.of(claims), {pool.key: pool}), pool
 
 
-def device(pool: inventory.Pool, name: str) -> inventory.PublishedDevice:
+def device(pool: published.Pool, name: str) -> published.PublishedDevice:
     return pool.devices[pool.positions[name]]
 
 
@@ -116,7 +117,7 @@ HELD = [
 
 
 def test_a_pool_reads_its_counter_sets_and_each_device_what_it_consumes() -> None:
-    (pool,) = inventory.read_pools(node_slices())
+    (pool,) = published.read_pools(node_slices())
     counters = pool.counter_sets["gpu-0-counters"]
     assert counters.node == "node-01"
     assert counters.counters["compute-slices"] == 7
@@ -134,13 +135,13 @@ def test_a_pool_reads_its_counter_sets_and_each_device_what_it_consumes() -> Non
     shared = device(pool, "gpu-1")
     assert shared.shared
     assert not device(pool, FULL).shared
-    assert shared.capacities["memory"] == inventory.Capacity(
+    assert shared.capacities["memory"] == published.Capacity(
         Fraction(80 * GI), default=Fraction(10 * GI), minimum=Fraction(GI), step=Fraction(GI)
     )
 
 
 def test_a_claim_holds_a_device_alone_or_in_shares_with_their_consumed_capacity() -> None:
-    index = inventory.HolderIndex.of(
+    index = published.HolderIndex.of(
         [
             claim(
                 "a",
@@ -164,7 +165,7 @@ def test_a_claim_holds_a_device_alone_or_in_shares_with_their_consumed_capacity(
 # --- shares: the scheduler's arithmetic ---
 
 
-POLICY = inventory.Capacity(
+POLICY = published.Capacity(
     Fraction(40 * GI),
     default=Fraction(8 * GI),
     minimum=Fraction(4 * GI),
@@ -180,14 +181,14 @@ POLICY = inventory.Capacity(
         (POLICY, 1 * GI, 4 * GI),  # up to the minimum
         (POLICY, 10 * GI, 12 * GI),  # up to the next step
         (POLICY, 12 * GI, 12 * GI),
-        (inventory.Capacity(Fraction(40 * GI)), None, 40 * GI),  # no policy: all of it
-        (inventory.Capacity(Fraction(40 * GI)), 10 * GI, 10 * GI),  # ... or what it asks
-        (inventory.Capacity(Fraction(40), valid_values=(Fraction(10), Fraction(20))), 11, 20),
-        (inventory.Capacity(Fraction(40), valid_values=(Fraction(10), Fraction(20))), 30, 30),
+        (published.Capacity(Fraction(40 * GI)), None, 40 * GI),  # no policy: all of it
+        (published.Capacity(Fraction(40 * GI)), 10 * GI, 10 * GI),  # ... or what it asks
+        (published.Capacity(Fraction(40), valid_values=(Fraction(10), Fraction(20))), 11, 20),
+        (published.Capacity(Fraction(40), valid_values=(Fraction(10), Fraction(20))), 30, 30),
     ],
 )
 def test_a_share_takes_the_request_rounded_by_the_policy(
-    capacity: inventory.Capacity, requested: int | None, consumed: int
+    capacity: published.Capacity, requested: int | None, consumed: int
 ) -> None:
     asked = Fraction(requested) if requested is not None else None
     assert partitions.consumed_share(capacity, asked) == consumed
@@ -197,7 +198,7 @@ def test_policy_violations() -> None:
     assert partitions.violates_policy(POLICY, Fraction(28 * GI))  # over the maximum
     assert partitions.violates_policy(POLICY, Fraction(10 * GI))  # off the step
     assert not partitions.violates_policy(POLICY, Fraction(8 * GI))
-    values = inventory.Capacity(Fraction(40), valid_values=(Fraction(10), Fraction(20)))
+    values = published.Capacity(Fraction(40), valid_values=(Fraction(10), Fraction(20)))
     assert partitions.violates_policy(values, Fraction(30))
     assert not partitions.violates_policy(values, Fraction(20))
 
@@ -233,8 +234,8 @@ def test_partitions_held_use_the_counters_they_consume() -> None:
 
 def test_per_node_counts_a_partitioned_gpu_once_and_free_only_what_a_claim_could_get() -> None:
     usage, pool = usage_of(HELD)
-    held = inventory.allocated(HELD)
-    counts = inventory.per_node(pool.devices, held, DRIVER, usage)["node-01"]
+    held = published.allocated(HELD)
+    counts = published.per_node(pool.devices, held, DRIVER, usage)["node-01"]
     assert (counts.published, counts.allocated, counts.free) == (26, 2, 6)
     # gpu-0 counts its 40Gi once (not once per placement); gpu-1 its 80Gi.
     assert counts.memory == 120 * GI
@@ -251,7 +252,7 @@ def test_a_shared_device_is_free_while_a_share_fits_and_counts_what_its_shares_c
     assert usage.available(gpu_1)
     assert usage.memory(gpu_1) == (80 * GI, 50 * GI)
     assert usage.shares(gpu_1.key) == 2
-    counts = inventory.per_node(pool.devices, inventory.allocated(shares), DRIVER, usage)
+    counts = published.per_node(pool.devices, published.allocated(shares), DRIVER, usage)
     assert (counts["node-01"].allocated, counts["node-01"].free) == (1, 26)
     full, pool = usage_of([*shares, claim("c", result("gpu-1", share="s3", memory="30Gi"))])
     assert not full.available(device(pool, "gpu-1"))
@@ -266,9 +267,9 @@ def test_a_shared_device_consumes_its_counters_once_for_all_its_shares() -> None
         for d in s["spec"].get("devices") or []:
             if d["name"] == "gpu-0-mig-3g-20gb-4":
                 d["allowMultipleAllocations"] = True
-    (pool,) = inventory.read_pools(body)
+    (pool,) = published.read_pools(body)
     held = [claim("a", result("gpu-0-mig-3g-20gb-4", share="s1"))]
-    usage = partitions.Usage(inventory.HolderIndex.of(held), {pool.key: pool})
+    usage = partitions.Usage(published.HolderIndex.of(held), {pool.key: pool})
     assert usage.available(device(pool, "gpu-0-mig-3g-20gb-4"))  # another share: no charge
     assert usage.available(device(pool, "gpu-0-mig-4g-20gb-0"))  # slices 0-3, 4 + 3 compute
     assert not usage.available(device(pool, FULL))
@@ -419,7 +420,7 @@ def test_a_request_no_device_could_ever_hold_is_a_mismatch_with_the_amounts() ->
     cores[0]["exactly"]["capacity"] = {"requests": {"cores": "2"}}
     missing = explained(claim("r", requests=cores), [])
     assert texts(missing, FULL) == [f"node-01/{FULL} has no cores capacity, the request asks 2"]
-    policy = inventory.Capacity(Fraction(40 * GI), maximum=Fraction(24 * GI), minimum=Fraction(GI))
+    policy = published.Capacity(Fraction(40 * GI), maximum=Fraction(24 * GI), minimum=Fraction(GI))
     miss = partitions.ShareMiss("memory", "policy", Fraction(30 * GI), Fraction(30 * GI), policy)
     assert partitions.share_text("node-01/gpu-1", miss, ()) == (
         "node-01/gpu-1 allows at most 24Gi memory per share, the request asks 30Gi"

@@ -10,8 +10,8 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gpu import cel, opaque
-from dra_gpu.agent import checkpoint
+from dra_gpu import cel
+from dra_gpu.agent import checkpoint, opaque
 from dra_gpu.devices import model, simulated
 
 JSON = st.recursive(

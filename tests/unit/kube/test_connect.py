@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import credentials, httpclient, kube
+from dra_gpu import kube
+from dra_gpu.kube import auth, client, transport
 from tests.unit.kube.servers import (
     LAST_CHUNK,
     Pki,
@@ -163,7 +164,7 @@ async def test_in_cluster_service_account_and_its_rotated_token(
     account.mkdir()
     (account / "ca.crt").write_bytes(pki.ca.read_bytes())
     (account / "token").write_text("first\n")
-    monkeypatch.setattr(credentials, "SERVICE_ACCOUNT_DIR", account)
+    monkeypatch.setattr(auth, "SERVICE_ACCOUNT_DIR", account)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     async with tls_echo(pki) as server:
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
@@ -178,7 +179,7 @@ async def test_a_token_file_is_read_again_after_a_minute(tmp_path: Path) -> None
     now = [0.0]
     path = tmp_path / "token"
     path.write_text("first")
-    token = kube._TokenFile(credentials.Material("the token", path=path), clock=lambda: now[0])
+    token = client._TokenFile(auth.Material("the token", path=path), clock=lambda: now[0])
     path.write_text("second")
     assert await token() == "Bearer first"
     now[0] = 60.0
@@ -238,7 +239,7 @@ async def test_watch_forever_relists_after_410_and_says_the_watch_broke() -> Non
     breaks: list[str] = []
     async with (
         serving(handler) as server,
-        kube.Kube(httpclient.Client(server.url())) as api,
+        kube.Kube(transport.Client(server.url())) as api,
     ):
         seen = []
         stream = api.watch_forever("/api/v1/pods", on_break=lambda: breaks.append("broke"))
@@ -274,7 +275,7 @@ async def test_watch_forever_lists_in_pages_and_watches_from_the_last_pages_vers
 
     async with (
         serving(handler) as server,
-        kube.Kube(httpclient.Client(server.url())) as api,
+        kube.Kube(transport.Client(server.url())) as api,
     ):
         seen: list[tuple[str, Any]] = []
         stream = api.watch_forever("/api/v1/pods", page_size=1)
@@ -411,7 +412,7 @@ def test_a_certificate_and_a_key_that_do_not_belong_together(pki: Pki, tmp_path:
 
 
 def test_in_a_pod_without_its_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(credentials, "SERVICE_ACCOUNT_DIR", tmp_path)
+    monkeypatch.setattr(auth, "SERVICE_ACCOUNT_DIR", tmp_path)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")

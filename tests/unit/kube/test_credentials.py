@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import credentials
-from dra_gpu.credentials import Invalid, Material, NoCurrentContext
+from dra_gpu.kube import auth
+from dra_gpu.kube.auth import Invalid, Material, NoCurrentContext
 
 A = Path("/home/me/.kube/config")
 B = Path("/etc/team/kubeconfig")
@@ -40,14 +40,12 @@ def kubeconfig(
 
 def problem(*files: tuple[Path, Any]) -> str:
     with pytest.raises(Invalid) as raised:
-        credentials.from_kubeconfig(list(files))
+        auth.from_kubeconfig(list(files))
     return str(raised.value)
 
 
 def test_a_token_user_and_a_ca_file_relative_to_the_kubeconfig() -> None:
-    found = credentials.from_kubeconfig(
-        [(A, kubeconfig(cluster={"certificate-authority": "pki/ca.crt"}))]
-    )
+    found = auth.from_kubeconfig([(A, kubeconfig(cluster={"certificate-authority": "pki/ca.crt"}))])
     assert found.server == "https://10.0.0.1:6443"
     assert found.origin == f"kubeconfig {A}, context ctx"
     assert found.token == "t0k3n"
@@ -61,7 +59,7 @@ def test_a_token_user_and_a_ca_file_relative_to_the_kubeconfig() -> None:
 def test_inline_data_is_decoded_and_preferred_to_a_file() -> None:
     pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     data = base64.b64encode(pem).decode()
-    found = credentials.from_kubeconfig(
+    found = auth.from_kubeconfig(
         [
             (
                 A,
@@ -90,7 +88,7 @@ def test_several_files_merge_first_wins_and_paths_stay_relative_to_their_own_fil
     second["users"] = [{"name": "u", "user": {"tokenFile": "token"}}]
     second["current-context"] = "ctx"
     third = kubeconfig(current="other")
-    found = credentials.from_kubeconfig([(A, first), (B, second), (A, third)], paths="a:b:a")
+    found = auth.from_kubeconfig([(A, first), (B, second), (A, third)], paths="a:b:a")
     assert found.server == "https://first:6443"  # the first file that names cluster c
     assert found.context == "ctx"  # the first file that sets current-context
     assert found.origin == "kubeconfig a:b:a, context ctx"
@@ -100,7 +98,7 @@ def test_several_files_merge_first_wins_and_paths_stay_relative_to_their_own_fil
 
 
 def test_basic_auth_needs_both_username_and_password() -> None:
-    found = credentials.from_kubeconfig([(A, kubeconfig(user={"username": "a", "password": "b"}))])
+    found = auth.from_kubeconfig([(A, kubeconfig(user={"username": "a", "password": "b"}))])
     assert found.basic_auth == ("a", "b")
     assert problem((A, kubeconfig(user={"username": "a"}))) == (
         f"users[name=u].user in {A} has no password: basic auth needs both"
@@ -118,13 +116,13 @@ def test_basic_auth_needs_both_username_and_password() -> None:
 def test_a_user_whose_token_comes_from_a_program_or_provider_is_delegated(
     user: dict[str, Any], delegated: str
 ) -> None:
-    found = credentials.from_kubeconfig([(A, kubeconfig(user=user))])
+    found = auth.from_kubeconfig([(A, kubeconfig(user=user))])
     assert found.delegated == delegated
     assert found.server == "https://10.0.0.1:6443"
 
 
 def test_tls_settings_of_the_cluster() -> None:
-    found = credentials.from_kubeconfig(
+    found = auth.from_kubeconfig(
         [(A, kubeconfig(cluster={"insecure-skip-tls-verify": 1, "tls-server-name": "api.x"}))]
     )
     assert found.insecure_skip_tls_verify
@@ -137,7 +135,7 @@ def test_tls_settings_of_the_cluster() -> None:
 def test_a_user_without_credentials_is_anonymous() -> None:
     config = kubeconfig()
     config["users"] = [{"name": "u"}]
-    found = credentials.from_kubeconfig([(A, config)])
+    found = auth.from_kubeconfig([(A, config)])
     assert (found.token, found.token_file, found.basic_auth, found.client_certificate) == (
         None,
         None,
@@ -151,7 +149,7 @@ def test_a_user_without_credentials_is_anonymous() -> None:
 
 def test_no_current_context_in_any_file() -> None:
     with pytest.raises(NoCurrentContext):
-        credentials.from_kubeconfig([(A, kubeconfig(current=None)), (B, kubeconfig(current=""))])
+        auth.from_kubeconfig([(A, kubeconfig(current=None)), (B, kubeconfig(current=""))])
 
 
 def test_a_current_context_that_no_file_has() -> None:
@@ -221,11 +219,11 @@ def test_entries_without_a_name_or_twice_the_same_name() -> None:
 
 
 def test_in_cluster_from_the_environment_and_the_mounted_files() -> None:
-    found = credentials.in_cluster(
+    found = auth.in_cluster(
         {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}, Path("/sa")
     )
     assert found.server == "https://[fd00::1]:443"
-    assert found.origin == credentials.IN_CLUSTER
+    assert found.origin == auth.IN_CLUSTER
     assert found.token_file == Material("the service account's token", path=Path("/sa/token"))
     assert found.certificate_authority is not None
     assert found.certificate_authority.path == Path("/sa/ca.crt")
@@ -233,8 +231,6 @@ def test_in_cluster_from_the_environment_and_the_mounted_files() -> None:
 
 def test_in_cluster_without_a_port() -> None:
     with pytest.raises(Invalid, match=r"^KUBERNETES_SERVICE_PORT is not set$"):
-        credentials.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+        auth.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     with pytest.raises(Invalid, match=r"^KUBERNETES_SERVICE_PORT is empty$"):
-        credentials.in_cluster(
-            {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": ""}
-        )
+        auth.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": ""})

@@ -10,8 +10,8 @@ import ssl
 
 import pytest
 
-from dra_gpu import httpclient
-from dra_gpu.httpclient import Client, Timeout
+from dra_gpu.kube import transport
+from dra_gpu.kube.transport import Client, Timeout
 from dra_gpu.testing import eventually
 from tests.unit.kube.servers import (
     LAST_CHUNK,
@@ -112,7 +112,7 @@ async def test_a_post_is_never_sent_twice() -> None:
 
     async with serving(handler) as server, Client(server.url()) as client:
         await (await client.request("GET", "/")).read()
-        with pytest.raises(httpclient.ConnectionClosed, match="before answering"):
+        with pytest.raises(transport.ConnectionClosed, match="before answering"):
             await client.request("POST", "/create", body=b"{}")
         assert len(server.requests) == 2
         assert server.requests[1].endswith(b"Content-Length: 2\r\n\r\n{}")
@@ -130,7 +130,7 @@ async def test_an_answer_cut_short_is_an_error_and_its_connection_is_not_reused(
 
     async with serving(handler) as server, Client(server.url()) as client:
         response = await client.request("GET", "/")
-        with pytest.raises(httpclient.ConnectionClosed, match="in the middle of its answer"):
+        with pytest.raises(transport.ConnectionClosed, match="in the middle of its answer"):
             await response.read()
         assert await (await client.request("GET", "/")).read() == b"ok"
         assert server.connections == 2
@@ -183,7 +183,7 @@ async def test_what_is_not_http_is_a_protocol_error() -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
 
     async with serving(handler) as server, Client(server.url()) as client:
-        with pytest.raises(httpclient.ProtocolError, match=r"not valid HTTP/1\.1") as raised:
+        with pytest.raises(transport.ProtocolError, match=r"not valid HTTP/1\.1") as raised:
             await client.request("GET", "/")
     assert isinstance(raised.value, OSError)
 
@@ -264,7 +264,7 @@ def test_timeouts_are_positive_or_none() -> None:
 def test_a_url_must_be_http_or_https_with_a_host() -> None:
     with pytest.raises(ValueError, match="is not an http:// or https:// URL"):
         Client("10.0.0.1:6443")
-    assert httpclient.Origin.parse("https://[fd00::1]:6443").host_header == "[fd00::1]:6443"
-    assert httpclient.Origin.parse("https://api.example.test").host_header == "api.example.test"
-    assert httpclient.Origin.parse("http://h").port == 80
-    assert httpclient.Origin.parse("https://h/").prefix == ""
+    assert transport.Origin.parse("https://[fd00::1]:6443").host_header == "[fd00::1]:6443"
+    assert transport.Origin.parse("https://api.example.test").host_header == "api.example.test"
+    assert transport.Origin.parse("http://h").port == 80
+    assert transport.Origin.parse("https://h/").prefix == ""

@@ -1,0 +1,32 @@
+"""A DeviceClass's CEL selectors, compiled, and the drivers they name.
+
+Pure: the class body in, compiled selectors (``cel.compile_selector`` caches each expression)
+or driver names out. The tallies, the explainer and the class checks all read classes this way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dra_gpu import cel
+
+_DRIVER_IS = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
+
+
+def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]:
+    """A DeviceClass's CEL selectors, compiled (once per expression)."""
+    return tuple(
+        cel.compile_selector(str(s["cel"].get("expression", "")))
+        for s in (device_class.get("spec") or {}).get("selectors") or []
+        if "cel" in s
+    )
+
+
+def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
+    """Drivers a class's selectors name with ``device.driver == "..."`` (empty: any)."""
+    drivers: set[str] = set()
+    for compiled in class_selectors(device_class):
+        drivers |= set(_DRIVER_IS.findall(compiled.expression))
+    return drivers
