@@ -11,11 +11,15 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit e2e matrix bench chart image reliability run cluster-up cluster-down protos clean
+.PHONY: help venv kubebins lint format test unit binaries e2e matrix bench chart image reliability run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + 3 real nodes, the tutorial end to end, then helm install"
-	@echo "make test          ruff and the whole pytest suite (unit + e2e on the real control plane)"
+	@echo "make test          lint and the whole pytest suite, every lane (what CI runs)"
+	@echo "make unit          the tests that need nothing but the venv (no Go, no build cache)"
+	@echo "make binaries      the tests that need built tools (helm, promtool, the Go oracles)"
+	@echo "make e2e           the tests on the real control plane and real nodes (marker cluster)"
+	@echo "make lint          ruff, mypy --strict, the import contracts (.pre-commit-config.yaml too)"
 	@echo "make matrix        the e2e suite against Kubernetes 1.35.4, 1.36.3 and 1.37.2 (long)"
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
 	@echo "make reliability   restart, load (20 nodes x 8 GPUs, 200 pods), fuzzing, crash tests"
@@ -52,6 +56,7 @@ prometheus:
 	@hack/build-prometheus.sh >/dev/null
 
 # ruff, then mypy --strict and the import contracts (both configured in pyproject.toml).
+# .pre-commit-config.yaml runs the same four as local hooks: `pre-commit install` once.
 lint: venv
 	$(BIN)/ruff check operator tests hack benchmarks
 	$(BIN)/ruff format --check operator tests hack benchmarks
@@ -62,12 +67,18 @@ format: venv
 	$(BIN)/ruff check --fix operator tests hack benchmarks
 	$(BIN)/ruff format operator tests hack benchmarks
 
+# The lanes are markers that say what a test needs (pyproject.toml, tests/support/lanes.py):
+# none, `binaries` (built tools) or `cluster` (the real control plane and nodes). `make test`
+# runs them all; a test asking for a tool its markers do not name fails, it is never skipped.
 test: lint kubebins nodebins images prometheus
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(BIN)/pytest
 
-unit: venv kubebins prometheus
-	$(BIN)/pytest tests/unit
+unit: venv
+	$(BIN)/pytest -m "not binaries and not cluster"
+
+binaries: venv kubebins prometheus
+	$(BIN)/pytest -m "binaries and not cluster"
 
 e2e: venv kubebins nodebins images prometheus
 	$(BIN)/pytest tests/e2e
@@ -106,8 +117,7 @@ reliability: venv kubebins nodebins images
 chart: venv kubebins nodebins images prometheus
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu
 	$(DRA_GPU_BIN_DIR)/helm lint --strict charts/dra-gpu -f charts/dra-gpu/ci/full-values.yaml
-	$(BIN)/pytest tests/e2e/test_chart_render.py tests/e2e/test_chart_render_monitoring.py \
-	  tests/unit/monitoring tests/e2e/test_chart.py
+	$(BIN)/pytest tests/chart tests/unit/monitoring tests/e2e/test_chart.py
 
 image:  # needs a Docker engine (none on the CI machines); the chart's default image
 	docker build -t ghcr.io/dra-gpu/dra-gpu:0.1.0 .

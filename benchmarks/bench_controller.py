@@ -761,7 +761,7 @@ async def new_waiting_pod(api: kube.Kube, shape: Shape, j: int) -> Coroutine[Any
 
 async def all_explained(api: kube.Kube, claims: set[str]) -> bool:
     """Whether every claim of ``claims`` (names) has an Event of the controller."""
-    from dra_gpu.controller.reporter import COMPONENT
+    from dra_gpu.controller.posting import COMPONENT
 
     listing = await api.get(
         "/api/v1/events",
@@ -771,7 +771,7 @@ async def all_explained(api: kube.Kube, claims: set[str]) -> bool:
 
 
 async def explained(api: kube.Kube, namespace: str, claim: str) -> bool:
-    from dra_gpu.controller.reporter import COMPONENT
+    from dra_gpu.controller.posting import COMPONENT
 
     listing = await api.get(
         f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={claim}"

@@ -1,7 +1,7 @@
 """``hack/gpu-check``: what the nvml backend makes of a real GPU machine, as one JSON report.
 
 For a machine with an NVIDIA GPU and its driver, no Kubernetes and no network: only this
-checkout (or the installed ``dra-gpu`` package) and a small venv with nvidia-ml-py (README,
+checkout (or the installed ``dra-gpu`` package) and a small venv with nvidia-ml-py (docs/nodes.md,
 "Checking a real GPU node"). It drives the project's own code, not a copy of it:
 
 - ``host``: kernel, Python, the nvidia-ml-py version, ``/proc/driver/nvidia/version``, the
@@ -70,7 +70,7 @@ from typing import Any, cast
 from dra_gpu import DEFAULT_DRIVER_NAME, kube
 from dra_gpu.agent import cdi, claims, opaque, slices, state
 from dra_gpu.devices import edits, model, nvml, nvml_cdi, pci
-from dra_gpu.resource import names
+from dra_gpu.resource import bodies, names
 
 Report = dict[str, Any]
 
@@ -372,7 +372,7 @@ async def claim_spec(
             inventory=_no_inventory,
             status=_NoStatus(),
         )
-        ref = claims.ClaimRef("gpu-check", f"claim-{len(devices)}", claims.ClaimUID(uid))
+        ref = claims.ClaimRef("gpu-check", f"claim-{len(devices)}", bodies.ClaimUID(uid))
         return await device_state._claim_spec(
             ref, allocated, {d.name: d for d in devices}, configs, {}
         )

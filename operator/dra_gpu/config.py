@@ -60,7 +60,7 @@ class AgentSettings:
     """How prepare reads a claim: ``watch`` (the copy kept by one watch of all ResourceClaims,
     when it may be used, else a GET) or ``get`` (a GET every time, no watch)."""
     faults_file: Path | None = None
-    """The simulated backend's faults file: the faults its GPUs have now (format in the README);
+    """The simulated backend's faults file: the faults its GPUs have now (format in docs/agent.md);
     a missing file means none."""
     health_poll_seconds: float = 2.0
     """How often the backend's faults are collected (NVML events are queued in between)."""
@@ -77,7 +77,7 @@ class AgentSettings:
     shared_gpus: str = ""
     """The nvml backend's GPUs that several claims may hold at once, each with a memory share,
     as YAML or JSON: a list of ``{gpus: all | [<index> | "GPU-<uuid>", ...], mode: TimeSlicing |
-    MPS, memory: {default, min, max, step}}`` (README "Node configuration"). Empty: every GPU
+    MPS, memory: {default, min, max, step}}`` (docs/nodes.md "Node configuration"). Empty: every GPU
     exclusive. A GPU in MIG mode stays MIG-partitioned."""
     mig_own_layout: bool = False
     """The agent owns the MIG layout of the node's MIG-mode GPUs: at start it destroys every

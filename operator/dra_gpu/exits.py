@@ -2,7 +2,7 @@
 
 A failure at the edges — a flag, a file, the API server — ends a command with one line on
 stderr that says what is wrong and how to fix it, and one of these codes; the traceback only
-with ``--log-level DEBUG``. The README's table is this one.
+with ``--log-level DEBUG``. docs/troubleshooting.md's table is this one.
 """
 
 from __future__ import annotations

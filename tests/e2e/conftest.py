@@ -9,14 +9,16 @@ The node binaries and images come from the repository's build scripts (cached un
 ``~/.cache/dra-gpu``; quick when nothing changed): ``hack/build-containerd.sh`` and
 ``hack/build-images.sh``, or the directories named by ``DRA_GPU_CONTAINERD_DIR`` and
 ``DRA_GPU_IMAGES_DIR``.
+
+Every test here is marked ``cluster`` (``tests/conftest.py``); the fixtures that start the
+control plane and the nodes refuse any other (``tests.support.lanes``). The check of what the
+whole suite left behind runs last: ``test_objects_left_alone.py`` (``session_end``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from pathlib import Path
@@ -35,7 +37,8 @@ from dra_gpu.testing import (
     start_nodes,
 )
 from tests.e2e import helpers
-from tests.e2e.helpers import REPO, Kubectl
+from tests.e2e.helpers import Kubectl
+from tests.support import binaries, lanes
 
 NODES = ("node-01", "node-02", "node-03")
 
@@ -49,19 +52,9 @@ def pytest_runtest_makereport(
     return report
 
 
-def _built(script: str, variable: str) -> Path:
-    if explicit := os.environ.get(variable):
-        return Path(explicit)
-    result = subprocess.run(
-        [str(REPO / "hack" / script)], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"hack/{script} failed:\n{result.stderr[-3000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    lanes.require("the control plane", lanes.CLUSTER)
     # Logs stay under pytest's temp dir (the last runs are kept) for post-mortems.
     with ControlPlane(workdir=tmp_path_factory.mktemp("control-plane")) as cp:
         yield cp
@@ -69,8 +62,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 @pytest.fixture(scope="session")
 def node_runtime(control_plane: ControlPlane, short_root: Path) -> NodeRuntime:
-    containerd = _built("build-containerd.sh", "DRA_GPU_CONTAINERD_DIR")
-    images = _built("build-images.sh", "DRA_GPU_IMAGES_DIR")
+    containerd = binaries.built("build-containerd.sh", "DRA_GPU_CONTAINERD_DIR")
+    images = binaries.built("build-images.sh", "DRA_GPU_IMAGES_DIR")
     runtime = NodeRuntime.from_builds(control_plane.bin_dir, containerd, images)
     # The session's own links: a rebuild meanwhile (code edited while tests run) prunes the cache.
     return runtime.pinned(short_root / "images")
@@ -95,7 +88,7 @@ def short_path(short_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def prometheus_bin() -> Path:
     """Prometheus and promtool (``hack/build-prometheus.sh``, or ``DRA_GPU_PROMETHEUS_DIR``)."""
-    return _built("build-prometheus.sh", "DRA_GPU_PROMETHEUS_DIR") / "bin"
+    return binaries.prometheus_bin()
 
 
 @pytest.fixture(scope="session")

@@ -30,8 +30,6 @@ from dra_gpu import kube
 from dra_gpu.testing import ControlPlane, RealNode, eventually
 from tests.e2e import helpers
 
-pytestmark = pytest.mark.e2e
-
 CHART = helpers.REPO / "charts" / "dra-gpu"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 NODE_KEY = "authentication.kubernetes.io/node-name"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest_asyncio
 
 from dra_gpu import kube
-from dra_gpu.controller.reporter import COMPONENT
+from dra_gpu.controller.posting import COMPONENT
 from dra_gpu.testing import ControllerProcess, ControlPlane, eventually
 from tests.e2e.helpers import EXAMPLES, Kubectl, workload
 

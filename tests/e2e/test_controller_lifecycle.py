@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest_asyncio
 
 from dra_gpu import kube
-from dra_gpu.controller.reporter import COMPONENT
+from dra_gpu.controller.posting import COMPONENT
 from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,

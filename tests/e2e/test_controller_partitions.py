@@ -22,7 +22,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_gpu import kube
-from dra_gpu.controller.reporter import COMPONENT
+from dra_gpu.controller.posting import COMPONENT
 from dra_gpu.devices import mig
 from dra_gpu.testing import ControllerProcess, eventually
 from tests.e2e.helpers import AgentStarter, claim_and_pod, driver_class, server_minor

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from dra_gpu import kube
-from dra_gpu.controller.reporter import COMPONENT
+from dra_gpu.controller.posting import COMPONENT
 from dra_gpu.devices import mig
 from dra_gpu.testing import AgentProcess, ControllerProcess, eventually
 from tests.e2e.helpers import (

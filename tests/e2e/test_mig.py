@@ -483,7 +483,7 @@ async def events_of_pod(api: kube.Kube, ns: str, pod: str) -> list[kube.Body]:
 
 
 def test_the_chart_makes_the_agent_privileged_only_for_mig_on_nvml_nodes() -> None:
-    from tests.e2e.test_chart_render import container, env_of, find, render
+    from tests.chart.template import container, env_of, find, render
 
     def agent_of(*values: str) -> tuple[dict[str, object], dict[str, str]]:
         daemonset = find(render(*(a for v in values for a in ("--set", v))), "DaemonSet")

@@ -9,7 +9,7 @@ of a real node live in its network namespace, which a Prometheus on the host can
 Then PromQL — the queries a platform team would write — must equal what the API server says:
 free GPUs and allocated memory per node, pending claims, prepare failures, the p95 time from pod
 creation to Running. The chart's alert rules are loaded and evaluated by this Prometheus, every
-dashboard panel's query returns data, every metric of the README's tables is scraped, and
+dashboard panel's query returns data, every metric of docs/operations.md's tables is scraped, and
 ``promtool check metrics`` finds nothing to say about either component's page.
 
 The load, on the tutorial profile plus four 16Gi GPUs on node-02:
@@ -456,7 +456,7 @@ async def test_every_dashboard_query_returns_data(observed: Observed) -> None:
 
 
 def _readme_metrics() -> set[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "operations.md").read_text()
     found = set()
     for section in ("### Agent metrics", "### Controller metrics"):
         table = text.split(section, 1)[1].split("\n#", 1)[0]
@@ -469,7 +469,7 @@ async def test_every_readme_metric_is_scraped_and_queried(observed: Observed) ->
     documented = _readme_metrics()
     assert len(documented) >= 20
     queried = " ".join(expr for _, expr in _dashboard_queries())
-    # Only while two agents fight over a pool does this one have a series (README); the MIG
+    # Only while two agents fight over a pool does this one have a series (docs/); the MIG
     # ones only on a node with MIG-mode GPUs (this cluster has none: tests/e2e/test_mig.py).
     only_sometimes = {
         "dra_gpu_slice_pool_other_writer",

@@ -1,7 +1,10 @@
 """Rules every unit test keeps, checked for each one.
 
-Unit tests are grouped by behaviour area (``agent/``, ``cel/``, ``controller/``, ``inventory/``,
-``commands/``, ``testkit/``, ``image/``, ``fuzz/``); each file runs alone and in any order.
+Unit tests are grouped by behaviour area (``agent/``, ``cel/``, ``controller/``, ``devices/``,
+``kube/``, ``commands/``, ``monitoring/``, ``testkit/``, ``image/``, ``fuzz/``); each file runs
+alone and in any order. Most need nothing but the venv (``make unit``); a file that runs a built
+tool (an oracle, helm, promtool) says so with ``pytestmark = pytest.mark.binaries``
+(``tests/support/lanes.py``). Fakes and builders more than one folder uses: ``tests/support/``.
 
 A test that leaves an asyncio task running fails: the task would go on in the session's loop
 and act in the tests that follow (a publisher still writing, a server still bound), which is

@@ -1,8 +1,10 @@
 """Upstream oracles run as subprocesses: a Go program built by a script under ``hack/``.
 
-Each oracle (``cel/celref.py``: kube-scheduler's CEL; ``inventory/nvmlref.py``: NVIDIA's go-nvml
+Each oracle (``cel/celref.py``: kube-scheduler's CEL; ``devices/nvmlref.py``: NVIDIA's go-nvml
 mock machines) is built, or found in the cache, by its ``hack/build-<name>.sh``, which prints the
-binary's path on its last line, and then answers one JSON line for each line it is sent.
+binary's path on its last line, and then answers one JSON line for each line it is sent. The
+tests that use one are marked ``binaries`` (``tests.support.lanes``); ``built`` refuses the
+oracle to any other.
 """
 
 from __future__ import annotations
@@ -12,17 +14,15 @@ import subprocess
 from pathlib import Path
 from typing import Any, Self
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import binaries
+
+BUILD_SECONDS = 1800
+"""How long an oracle's first build (a Go module download and compile) may take."""
 
 
 def built(script: str) -> Path:
     """The binary ``hack/<script>`` builds (or finds in the cache)."""
-    result = subprocess.run(
-        [str(ROOT / "hack" / script)], capture_output=True, text=True, check=False, timeout=1800
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"hack/{script} failed:\n{result.stderr}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return binaries.built(script, timeout=BUILD_SECONDS)
 
 
 class LineOracle:

@@ -11,7 +11,8 @@ It knows nothing of Kubernetes objects, gRPC or GPU backends: callers say what e
 and what the claim's containers get whichever device they are given (``devices.edits``: env,
 device nodes, mounts; the spec's top-level ``containerEdits``, which keeps every device's name,
 and so every recorded CDI device ID, as the previous version wrote it). File functions block
-(fsync), so async callers run them in a thread.
+(fsync), so async callers run them in a thread. A recorded spec is edited here too, when a
+claim's MIG instance is created again (``with_device_replaced``).
 
 Names (vendor ``k8s.<driver>``, class ``gpu``)::
 
@@ -203,6 +204,52 @@ def claim_spec(
 def device_nodes(given: Sequence[edits.DeviceNode], where: str) -> list[DeviceNode]:
     """``given`` as a spec's ``deviceNodes`` entries (ValueError for a path CDI refuses)."""
     return [_device_node(node, where) for node in given]
+
+
+def with_device_replaced(
+    spec: CdiSpec,
+    claim_uid: str,
+    device: str,
+    *,
+    old_uuid: str,
+    new_uuid: str,
+    device_nodes: Sequence[DeviceNode] | None = None,
+) -> CdiSpec:
+    """``spec`` (of claim ``claim_uid``) with ``device`` now backed by another physical device
+    of the same name: a MIG instance created again after a reboot. Wherever the device's edits
+    and the claim's edits (whose ``NVIDIA_VISIBLE_DEVICES`` lists it too) have a variable whose
+    value, or an item of a comma-separated list, is ``old_uuid``, it becomes ``new_uuid`` (an
+    empty ``old_uuid`` renames nothing); ``device_nodes``, when given, replace the device's
+    ``deviceNodes`` (none given: the key goes). ``spec`` itself is left as it is."""
+    renamed = bool(old_uuid) and old_uuid != new_uuid
+    name = cdi_device_name(claim_uid, device)
+    entries: list[CdiDevice] = []
+    for entry in spec["devices"]:
+        if entry["name"] == name:
+            container_edits = entry["containerEdits"]
+            if renamed:
+                container_edits = _with_env_value(container_edits, old_uuid, new_uuid)
+            if device_nodes is not None:
+                container_edits = {**container_edits, "deviceNodes": list(device_nodes)}
+                if not device_nodes:
+                    del container_edits["deviceNodes"]
+            entry = {**entry, "containerEdits": container_edits}
+        entries.append(entry)
+    replaced: CdiSpec = {**spec, "devices": entries}
+    if renamed and "containerEdits" in replaced:
+        replaced["containerEdits"] = _with_env_value(replaced["containerEdits"], old_uuid, new_uuid)
+    return replaced
+
+
+def _with_env_value(given: ContainerEdits, old: str, new: str) -> ContainerEdits:
+    """``given`` with ``old`` replaced by ``new`` wherever a variable's value, or an item of a
+    comma-separated list (``NVIDIA_VISIBLE_DEVICES``), is ``old``."""
+    env = []
+    for entry in given["env"]:
+        key, _, value = entry.partition("=")
+        items = [new if item == old else item for item in value.split(",")]
+        env.append(f"{key}={','.join(items)}")
+    return {**given, "env": env}
 
 
 def _container_edits(given: edits.Edits, where: str) -> ContainerEdits:

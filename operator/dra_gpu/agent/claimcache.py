@@ -45,6 +45,7 @@ from typing import Any, NoReturn
 
 from dra_gpu import kube
 from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.resource import bodies
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,11 @@ Result = tuple[tuple[str, Any], ...]
 @dataclasses.dataclass(slots=True)
 class Copy:
     """What is kept of a claim: enough for prepare (``claims.check_identity``,
-    ``claims.allocated_devices``, ``claims.allocation_configs``). A node keeps a copy of each
+    ``claims.allocated_devices``, ``bodies.allocation_configs``). A node keeps a copy of each
     of its claims, so a copy is a few hundred bytes, not the decoded claim's tree of dicts:
     tuples, with the names that repeat from claim to claim interned."""
 
-    uid: str
+    uid: bodies.ClaimUID
     namespace: str
     name: str
     reserved: bool
@@ -91,23 +92,21 @@ class Copy:
 
 def ours(claim: Mapping[str, Any], driver: str, pool: str) -> Copy | None:
     """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``."""
-    status = claim.get("status") or {}
-    devices = (status.get("allocation") or {}).get("devices") or {}
     results = tuple(
         tuple((sys.intern(k), sys.intern(v) if isinstance(v, str) else v) for k, v in r.items())
-        for r in devices.get("results") or []
+        for r in bodies.allocation_results(claim)
         if r.get("driver") == driver
     )
     if not any(("pool", pool) in r for r in results):
         return None
-    meta = claim.get("metadata") or {}
+    meta = bodies.metadata(claim)
     return Copy(
-        uid=str(meta.get("uid", "")),
+        uid=bodies.claim_uid(claim),
         namespace=sys.intern(str(meta.get("namespace", ""))),
         name=str(meta.get("name", "")),
-        reserved=bool(status.get("reservedFor")),
+        reserved=bodies.reserved(claim),
         results=results,
-        config=tuple(devices.get("config") or ()),
+        config=tuple(bodies.allocation_configs(claim)),
     )
 
 
@@ -117,13 +116,13 @@ class ClaimCache:
     def __init__(self, driver: str, pool: str) -> None:
         self.driver, self.pool = driver, pool
         self._copies: dict[tuple[str, str], Copy] = {}
-        self._distrusted: set[str] = set()
+        self._distrusted: set[bodies.ClaimUID] = set()
         """UIDs unprepared here whose copies are not used until the claim is seen released."""
         self.live = False
         """Listed, and the watch not broken since."""
         self._next: dict[tuple[str, str], Copy] | None = None
         """The copies of a (re)list under way."""
-        self._still_distrusted: set[str] = set()
+        self._still_distrusted: set[bodies.ClaimUID] = set()
         """UIDs distrusted whose claims the list under way shows still reserved."""
 
     def __len__(self) -> int:
@@ -140,7 +139,7 @@ class ClaimCache:
         )
         return copy.body() if usable and copy is not None else None
 
-    def unprepared(self, uid: str) -> None:
+    def unprepared(self, uid: bodies.ClaimUID) -> None:
         """The kubelet unprepared this claim: distrust its copies until it is released."""
         self._distrusted.add(uid)
         if self._next is not None:  # a list under way may have passed the claim already
@@ -154,7 +153,7 @@ class ClaimCache:
             copy = ours(claim, self.driver, self.pool)
             if copy is not None:
                 self._next[(copy.namespace, copy.name)] = copy
-            uid = str((claim.get("metadata") or {}).get("uid", ""))
+            uid = bodies.claim_uid(claim)
             if copy is not None and copy.reserved and uid in self._distrusted:
                 self._still_distrusted.add(uid)  # not released yet
             else:
@@ -175,7 +174,7 @@ class ClaimCache:
 
     def apply(self, kind: str, claim: kube.Body) -> None:
         """One watch event (ADDED, MODIFIED, DELETED)."""
-        meta = claim.get("metadata") or {}
+        meta = bodies.metadata(claim)
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         copy = None if kind == "DELETED" else ours(claim, self.driver, self.pool)
         if copy is None:
@@ -183,7 +182,7 @@ class ClaimCache:
         elif copy != self._copies.get(key):  # most events change nothing kept (status.devices)
             self._copies[key] = copy
         if copy is None or not copy.reserved:
-            self._distrusted.discard(str(meta.get("uid", "")))
+            self._distrusted.discard(bodies.claim_uid(claim))
 
     async def run_forever(self, api: kube.Kube) -> NoReturn:
         """List and watch every claim, forever (``kube.Kube.watch_forever`` relists after

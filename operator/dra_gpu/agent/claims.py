@@ -12,12 +12,10 @@ import dataclasses
 import datetime
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NewType
+from typing import Any
 
 from dra_gpu.devices import edits, model
-from dra_gpu.resource import names
-
-ClaimUID = NewType("ClaimUID", str)
+from dra_gpu.resource import bodies, names
 
 
 class ClaimError(Exception):
@@ -30,7 +28,7 @@ class ClaimRef:
 
     namespace: str
     name: str
-    uid: ClaimUID
+    uid: bodies.ClaimUID
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -167,7 +165,7 @@ def check_request(ref: ClaimRef) -> None:
 
 
 def check_identity(claim: Mapping[str, Any], ref: ClaimRef) -> None:
-    uid = claim.get("metadata", {}).get("uid")
+    uid = bodies.metadata(claim).get("uid")
     if uid != ref.uid:
         raise ClaimError(
             f"ResourceClaim {ref} has UID {uid}, not {ref.uid}: it was deleted and re-created"
@@ -178,12 +176,9 @@ def allocated_devices(
     claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str
 ) -> list[AllocatedDevice]:
     """Our driver's devices allocated to the claim, all from ``pool``. Raises ``ClaimError``."""
-    allocation = claim.get("status", {}).get("allocation")
-    if not allocation:
+    if bodies.allocation(claim) is None:
         raise ClaimError(f"ResourceClaim {ref} is not allocated")
-    ours = [
-        r for r in allocation.get("devices", {}).get("results", []) if r.get("driver") == driver
-    ]
+    ours = [r for r in bodies.allocation_results(claim) if r.get("driver") == driver]
     foreign = [f"{r.get('pool')}/{r.get('device')}" for r in ours if r.get("pool") != pool]
     if foreign:
         raise ClaimError(
@@ -214,26 +209,18 @@ def stale_reason(
     reserved, so a stale record is never in use."""
     if claim is None:
         return "it no longer exists"
-    if claim.get("metadata", {}).get("uid") != uid:
+    if bodies.metadata(claim).get("uid") != uid:
         return "it was deleted and re-created"
-    allocation = claim.get("status", {}).get("allocation")
-    if not allocation:
+    if bodies.allocation(claim) is None:
         return "it is no longer allocated"
     ours = {
         (r.get("pool"), r.get("device"))
-        for r in allocation.get("devices", {}).get("results", [])
+        for r in bodies.allocation_results(claim)
         if r.get("driver") == driver and r.get("pool") == pool
     }
     if set(prepared) != ours:
         return f"it is now allocated other devices of node {pool} than were prepared"
     return None
-
-
-def allocation_configs(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    configs: Sequence[Mapping[str, Any]] = (
-        claim.get("status", {}).get("allocation", {}).get("devices", {}).get("config", [])
-    )
-    return configs
 
 
 def device_status(

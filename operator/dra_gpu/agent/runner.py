@@ -39,6 +39,7 @@ from dra_gpu.agent.status import StatusWriter
 from dra_gpu.config import AgentSettings
 from dra_gpu.devices import model
 from dra_gpu.kube import events
+from dra_gpu.resource import bodies
 from dra_gpu.serving import httpserver, metrics
 
 log = logging.getLogger(__name__)
@@ -382,7 +383,7 @@ async def rebuild_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpo
         if claim is None or spec is None:
             continue
         meta = claim["metadata"]
-        ref = claims.ClaimRef(meta["namespace"], meta["name"], claims.ClaimUID(uid))
+        ref = claims.ClaimRef(meta["namespace"], meta["name"], bodies.ClaimUID(uid))
         try:
             allocated = claims.allocated_devices(claim, ref, driver, node)
         except claims.ClaimError:

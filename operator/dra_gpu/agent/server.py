@@ -26,9 +26,9 @@ registers us again. We only ever remove socket files that are ours.
 The servers are grpclib's (gRPC over the pure-Python ``h2``), not grpcio's: grpcio's core
 library alone is 10 MiB resident once loaded and keeps ~10 MiB more after a burst of 1,000
 concurrent calls, on a process that runs on every GPU node; grpclib is 3 MiB and keeps almost
-nothing, at the same latency (README, "Prepare latency and memory"). The kubelet sees the same
-protocol. The method tables are built from the services' descriptors (``_method``), so a path
-cannot be misspelt.
+nothing, at the same latency (docs/results.md, "Prepare latency and memory"). The kubelet sees
+the same protocol. The method tables are built from the services' descriptors (``_method``), so
+a path cannot be misspelt.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from dra_gpu import config
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.health_monitor import DeviceReport, HealthSource
 from dra_gpu.agent.state import DeviceState, PrepareFailed
 from dra_gpu.proto.dra.v1 import api_pb2 as v1
@@ -59,6 +59,7 @@ from dra_gpu.proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_gpu.proto.drahealth.v1 import api_pb2 as health_v1
 from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
+from dra_gpu.resource.bodies import ClaimUID
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,11 @@
-"""Writes our entries of ``ResourceClaim.status.devices`` in the background.
+"""Our entries of ``ResourceClaim.status.devices``: what they say, and their writing in the
+background.
+
+``ClaimEntries`` keeps the entries of the claims prepared since start and the health of this
+node's devices: prepare sets a claim's entries (``uuid``, product, memory, sharing, the device's
+health condition), unprepare empties them, and a health change rewrites the entries of the
+claims that hold the device. Each change goes to a ``StatusSink``, in the agent the
+``StatusWriter``.
 
 The kubelet waits for prepare, not for this: a prepared device's Ready entry is information for
 users and the controller, so it must not add an API round trip to the critical path. Desired
@@ -9,16 +16,22 @@ bursts coalesce (a claim prepared and unprepared within that time costs no write
 at a time (they share the event loop and the API server with prepares, which come first).
 Failed writes are retried with backoff; a claim that is gone needs no status. A desire is
 forgotten once written: ``metrics.STATUS_WRITES_PENDING`` is how far behind the writes are.
+
+Owns our entries and their writes; must not delay a prepare, nor touch other drivers' entries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn, Protocol
 
 from dra_gpu import kube
+from dra_gpu.agent import claims
 from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.devices import model
 from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
@@ -27,8 +40,76 @@ _Desire = tuple[ClaimRef, list[dict[str, Any]]]
 """A claim and our entries for its ``status.devices``; compared by identity (the latest wins)."""
 
 
+class StatusSink(Protocol):
+    """Where prepared devices' ``status.devices`` entries go (see ``StatusWriter``)."""
+
+    def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """Desired entries of our driver for the claim; an empty list removes ours."""
+
+
+class ClaimEntries:
+    """Our ``status.devices`` entries of the claims prepared since start, and the devices'
+    health conditions: a health change rewrites the entries of the claims that hold the
+    device. Every change goes to ``sink``."""
+
+    def __init__(self, sink: StatusSink, driver: str, node: str) -> None:
+        self.sink = sink
+        self.driver = driver
+        self.node = node
+        self._entries: dict[str, tuple[ClaimRef, list[dict[str, Any]]]] = {}
+        self._health: dict[str, dict[str, Any]] = {}
+
+    def entries(
+        self, allocated: Sequence[claims.AllocatedDevice], devices: dict[str, model.Device]
+    ) -> list[dict[str, Any]]:
+        """The entries of a claim prepared with ``allocated``, as ``devices`` are now."""
+        now = datetime.datetime.now(datetime.UTC)
+        entries = []
+        for alloc in allocated:
+            device = devices[alloc.device]
+            data: dict[str, Any] = {
+                "uuid": device.uuid,
+                "productName": device.product_name or "",
+                "memory": device.memory or "",
+            }
+            if alloc.admin_access:
+                data["adminAccess"] = True
+            if alloc.share_id is not None and device.sharing is not None:
+                data["sharing"] = device.sharing.mode
+                data["memoryShare"] = alloc.consumed.get("memory", device.sharing.memory.default)
+            health = self._health.get(alloc.device) if alloc.pool == self.node else None
+            entries.append(
+                claims.device_status(
+                    self.driver, alloc.pool, alloc.device, data, now, health, alloc.share_id
+                )
+            )
+        return entries
+
+    def set(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """The claim's entries are ``entries`` now (an empty list: it holds nothing here)."""
+        if entries:
+            self._entries[ref.uid] = (ref, entries)
+        else:
+            self._entries.pop(ref.uid, None)
+        self.sink.set_devices(ref, entries)
+
+    def device_health(self, device: str, condition: dict[str, Any]) -> None:
+        """``device`` of this node's pool is now as ``condition`` (``claims.health_condition``)
+        says: the ``status.devices`` entries of the claims holding it say so too."""
+        self._health[device] = condition
+        for ref, entries in list(self._entries.values()):
+            if any(e["device"] == device and e["pool"] == self.node for e in entries):
+                updated = [
+                    claims.with_health(e, condition)
+                    if e["device"] == device and e["pool"] == self.node
+                    else e
+                    for e in entries
+                ]
+                self.set(ref, updated)
+
+
 class StatusWriter:
-    """The agent's ``state.StatusSink``: desired entries in, server-side applies out."""
+    """The agent's ``StatusSink``: desired entries in, server-side applies out."""
 
     def __init__(
         self,

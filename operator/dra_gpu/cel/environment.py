@@ -37,8 +37,8 @@ unknown *identifier* is a runtime error (``no such key: <name>``). Capacities ar
 their canonical form, as the scheduler reads them from the API server.
 
 What is refused at compile time, with a message naming the expression and the feature, instead of
-being evaluated differently, is listed in README.md ("CEL selectors"). Errors never raise out of
-this module: they come back in ``Compiled.error`` / ``Evaluation.error``.
+being evaluated differently, is listed in docs/development.md ("CEL selectors"). Errors never
+raise out of this module: they come back in ``Compiled.error`` / ``Evaluation.error``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from dra_gpu.cel import comparing
 from dra_gpu.cel._port import checker, runtime, syntax
 from dra_gpu.cel._port.library import DefaultMap, type_name
 from dra_gpu.cel._port.values import CelError
@@ -448,16 +449,12 @@ def _key_access(expr: syntax.Expr) -> tuple[syntax.Expr, str] | None:
     return None
 
 
-def _is_device(expr: syntax.Expr) -> bool:
-    return isinstance(expr, syntax.Ident) and expr.name.removeprefix(".") == "device"
-
-
 def _device_path(expr: syntax.Expr) -> _Read | None:
     outer = _key_access(expr)
     if outer is None:
         return None
     operand, key = outer
-    if _is_device(operand) and key in ("driver", "allowMultipleAllocations"):
+    if comparing.is_device(operand) and key in ("driver", "allowMultipleAllocations"):
         return (key,)
     middle = _key_access(operand)
     if middle is None or (isinstance(operand, syntax.Select) and operand.test_only):
@@ -468,7 +465,7 @@ def _device_path(expr: syntax.Expr) -> _Read | None:
         return None
     device, field = inner
     if (
-        _is_device(device)
+        comparing.is_device(device)
         and field in ("attributes", "capacity")
         and isinstance(inner_operand, syntax.Select)
     ):

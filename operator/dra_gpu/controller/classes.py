@@ -17,7 +17,7 @@ from typing import Any
 
 from dra_gpu import cel
 from dra_gpu.controller import published
-from dra_gpu.controller.reporter import Reporter
+from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selectors import class_drivers
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import Changes, ClusterView

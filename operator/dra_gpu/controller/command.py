@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_gpu import kube
-from dra_gpu.controller import explain
+from dra_gpu.controller import explain, kubelet
 from dra_gpu.controller.view import ClusterView
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -47,7 +47,7 @@ async def load_view(api: kube.Kube, namespace: str) -> ClusterView:
     return view
 
 
-async def prepare_failure(api: kube.Kube, pod: kube.Body) -> explain.PrepareFailure | None:
+async def prepare_failure(api: kube.Kube, pod: kube.Body) -> kubelet.PrepareFailure | None:
     """The kubelet's latest FailedPrepareDynamicResources on the pod, if any, while it
     matters: once the pod left Pending its claims were prepared, and the event is history."""
     if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
@@ -55,10 +55,10 @@ async def prepare_failure(api: kube.Kube, pod: kube.Body) -> explain.PrepareFail
     meta = pod["metadata"]
     listing = await api.get(
         f"/api/v1/namespaces/{meta['namespace']}/events",
-        fieldSelector=f"involvedObject.uid={meta['uid']},reason={explain.PREPARE_FAILED}",
+        fieldSelector=f"involvedObject.uid={meta['uid']},reason={kubelet.PREPARE_FAILED}",
     )
     items = sorted(listing.get("items", []), key=lambda e: e.get("lastTimestamp") or "")
-    return explain.prepare_failure(items[-1]) if items else None
+    return kubelet.prepare_failure(items[-1]) if items else None
 
 
 async def explain_target(

@@ -47,12 +47,12 @@ from dra_gpu import kube
 from dra_gpu.config import ControllerSettings
 from dra_gpu.controller import selections, wiring
 from dra_gpu.controller.classes import ClassChecks
-from dra_gpu.controller.explaining import Explainer
+from dra_gpu.controller.explainer import Explainer
 from dra_gpu.controller.leader import LeaderElector
 from dra_gpu.controller.pools import PoolChecks
+from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.prepares import PrepareFailures
 from dra_gpu.controller.repair import StatusRepair
-from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.selectors import class_selectors
 from dra_gpu.controller.tallies import Tally

@@ -34,16 +34,16 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
+from dra_gpu.controller.claimed import Hold, HolderIndex, add_consumed
 from dra_gpu.controller.published import (
     Amount,
     Capacity,
     DeviceKey,
-    Hold,
-    HolderIndex,
+    Memory,
     Pool,
     PublishedDevice,
-    add_consumed,
     amount,
 )
 from dra_gpu.devices.model import format_bytes
@@ -182,19 +182,27 @@ class PoolUsage:
 _EMPTY = PoolUsage({}, {}, {})
 
 
+class Excluded(NamedTuple):
+    """The claim a ``Usage`` reads the holders without: by name, or by UID where it has one."""
+
+    owner: str
+    """``ns/name``."""
+    uid: str
+
+
 class Usage:
     """Counters and shares as the allocations in ``holders`` use them, over ``pools`` (a live
     mapping: the view's, or a Layout's), kept per pool until ``forget``.
 
-    ``exclude`` (``ns/name``, uid) reads the holders without one claim, for a claim looking at
-    its own chances (as ``HolderIndex.owners_excluding``); such a Usage is not kept.
+    ``exclude`` reads the holders without one claim, for a claim looking at its own chances
+    (as ``HolderIndex.owners_excluding``); such a Usage is not kept.
     """
 
     def __init__(
         self,
         holders: HolderIndex,
         pools: Mapping[PoolKey, Pool],
-        exclude: tuple[str, str] | None = None,
+        exclude: Excluded | None = None,
     ) -> None:
         self.holders = holders
         self.pools = pools
@@ -209,7 +217,7 @@ class Usage:
             self._fits.pop(key, None)
 
     def excluding(self, name: str, uid: str) -> Usage:
-        return Usage(self.holders, self.pools, (name, uid))
+        return Usage(self.holders, self.pools, Excluded(name, uid))
 
     # ---- holders, with or without the excluded claim ------------------------------------
 
@@ -334,26 +342,27 @@ class Usage:
             return False
         return not device.shared or has_room(device, self.consumed(key))
 
-    def memory(self, device: PublishedDevice) -> tuple[int, int]:
-        """The memory bytes ``device`` adds to its node's (published, allocated): a shared
-        device its capacity and what its shares consumed; a device that consumes counters only
-        through the set's carrier (``Pool.memory_carriers``), with the memory of the held
-        devices of that set, at most all of it; any other its memory, allocated when held."""
+    def memory(self, device: PublishedDevice) -> Memory:
+        """The memory bytes ``device`` adds to its node's gauges (published, allocated): a
+        shared device its capacity and what its shares consumed; a device that consumes
+        counters only through the set's carrier (``Pool.memory_carriers``), with the memory of
+        the held devices of that set, at most all of it; any other its memory, allocated when
+        held."""
         total = device.memory_bytes
         key = device.key
         if not device.consumes and not device.shared:
-            return total, total if self.held(key) else 0
+            return Memory(total, total if self.held(key) else 0)
         if device.shared:
             if any(h.exclusive for h in self._holds(key)):
-                return total, total
+                return Memory(total, total)
             consumed = int(self.consumed(key).get("memory", _ZERO))
-            return total, min(total, consumed)
+            return Memory(total, min(total, consumed))
         pool = self.pools.get((device.driver, device.pool))
         first = device.consumes[0][0]
         carrier = pool.memory_carriers.get(first) if pool is not None else None
         if pool is None or carrier is None or pool.devices[carrier].name != device.name:
-            return 0, 0
-        return total, min(total, self.pool(pool.key).memory_allocated.get(first, 0))
+            return Memory(0, 0)
+        return Memory(total, min(total, self.pool(pool.key).memory_allocated.get(first, 0)))
 
     def counter_holders(self, device: PublishedDevice, short: Iterable[Short]) -> tuple[str, ...]:
         """The claims holding devices that consume the ``short`` counters of ``device``."""

@@ -1,20 +1,20 @@
-"""What the cluster holds, read from API bodies (pure: no I/O, no metrics).
+"""What the slices publish, read from API bodies (pure: no I/O, no metrics).
 
-One reading of ResourceSlices and claims serves both the controller's metrics and ``explain``:
-a pool counts only at its newest generation, and a device is held by the claims whose
-allocation names it (admin-access results take it from nobody), as the scheduler reads them.
+One reading of ResourceSlices serves both the controller's metrics and ``explain``: a pool
+counts only at its newest generation, as the scheduler reads it; what the claims hold of its
+devices is ``claimed``'s reading.
 
-The same readings come in two forms: functions over whole lists (``read_pools``, ``holders``),
-and pieces the controller's view keeps up to date one object at a time (``read_pool`` per pool,
-``HolderIndex``). A ``PublishedDevice`` lives as long as its slice is unchanged, and carries
-what is worth computing once per slice version: its CEL values, its memory, its sort key, the
-counters it consumes and its capacities with their request policies.
+The same readings come in two forms: functions over whole lists (``read_pools``,
+``current_pools``), and pieces the controller's view keeps up to date one object at a time
+(``read_pool`` per pool). A ``PublishedDevice`` lives as long as its slice is unchanged, and
+carries what is worth computing once per slice version: its CEL values, its memory, its sort
+key, the counters it consumes and its capacities with their request policies; ``per_node``
+adds devices up into a node's row of the metrics.
 
 Partitions and shares (Kubernetes' partitionable devices and consumable capacity) are read
 here too: a pool's counter sets (``sharedCounters``, in slices of their own or beside devices),
-each device's ``consumesCounters``, ``allowMultipleAllocations`` and capacity ``requestPolicy``;
-per allocated result its ``shareID`` and ``consumedCapacity`` (``HolderIndex``). What those
-allocations leave free is ``partitions``'s business.
+each device's ``consumesCounters``, ``allowMultipleAllocations`` and capacity ``requestPolicy``.
+What allocations leave free is ``partitions``'s business.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple, Protocol
 
@@ -341,207 +341,6 @@ def _pool_field(spec: Body, field: str, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def holders(
-    claims: Iterable[Body], exclude: Body | None = None
-) -> dict[DeviceKey, tuple[str, ...]]:
-    """Allocated device -> ``ns/name`` of the claims holding it, ``exclude`` (a claim looking
-    at its own chances) left out."""
-    this = (exclude or {}).get("metadata") or {}
-    found: dict[DeviceKey, set[str]] = {}
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        if exclude is not None and (
-            (meta.get("namespace"), meta.get("name")) == (this.get("namespace"), this.get("name"))
-            or (this.get("uid") and meta.get("uid") == this.get("uid"))
-        ):
-            continue
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            # Admin access (DRAAdminAccess) does not take the device from anyone.
-            if not result.get("adminAccess"):
-                owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-                found.setdefault(result_key(result), set()).add(owner)
-    return {key: tuple(sorted(owners)) for key, owners in found.items()}
-
-
-def held_devices(claim: Body) -> tuple[DeviceKey, ...]:
-    """The devices ``claim``'s allocation takes from others (admin access takes none)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return tuple(
-        result_key(r)
-        for r in (allocation.get("devices") or {}).get("results") or []
-        if not r.get("adminAccess")
-    )
-
-
-class Hold(NamedTuple):
-    """What one claim's allocation holds of one device."""
-
-    owner: str
-    """``ns/name`` of the claim."""
-    uid: str
-    exclusive: bool
-    """A result without a ``shareID`` names it: the device is the claim's alone."""
-    shares: int = 0
-    """Results with a ``shareID`` (consumable capacity): shares of a shared device."""
-    consumed: tuple[tuple[str, Amount], ...] = ()
-    """Those shares' ``consumedCapacity``, summed per capacity, sorted by name."""
-
-
-def holds(claim: Body) -> dict[DeviceKey, Hold]:
-    """What ``claim``'s allocation holds, per device, as the scheduler counts it: admin access
-    holds nothing; a result with a ``shareID`` is a share whose ``consumedCapacity`` adds up;
-    any other result holds the device alone."""
-    meta = claim.get("metadata") or {}
-    owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    uid = str(meta.get("uid") or "")
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    parts: dict[DeviceKey, tuple[bool, int, dict[str, Amount]]] = {}
-    for result in (allocation.get("devices") or {}).get("results") or []:
-        if result.get("adminAccess"):
-            continue
-        key = result_key(result)
-        exclusive, shares, consumed = parts.get(key, (False, 0, {}))
-        if result.get("shareID"):
-            shares += 1
-            raw = result.get("consumedCapacity")
-            for name, value in raw.items() if isinstance(raw, Mapping) else ():
-                quantity = amount(value)
-                if quantity is not None:
-                    consumed[str(name)] = consumed.get(str(name), 0) + quantity
-        else:
-            exclusive = True
-        parts[key] = (exclusive, shares, consumed)
-    return {
-        key: Hold(owner, uid, exclusive, shares, tuple(sorted(consumed.items())))
-        for key, (exclusive, shares, consumed) in parts.items()
-    }
-
-
-class HolderIndex:
-    """``holders`` kept up to date one claim at a time: device -> the claims that hold it, and
-    how (``Hold``: alone, or shares with the capacity they consumed).
-
-    Each claim is filed under a token of the caller's (the view's key, a list position), so
-    two bodies with one name, as a caller's list may hold, stay two holders, as in ``holders``.
-    A ``Hold`` is kept as a plain tuple: the garbage collector stops tracking a tuple of plain
-    values, and a cluster has thousands of claims (a full collection scans every object tracked).
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[DeviceKey, dict[Hashable, tuple[Any, ...]]] = {}
-        self._devices: dict[Hashable, tuple[DeviceKey, ...]] = {}
-        self._names: collections.Counter[str] = collections.Counter()
-        self._uids: collections.Counter[str] = collections.Counter()
-        self._owners: dict[DeviceKey, tuple[str, ...]] = {}
-        self._taken: dict[DeviceKey, int] = {}
-        self._consumed: dict[DeviceKey, Mapping[str, Amount]] = {}
-
-    @classmethod
-    def of(cls, claims: Iterable[Body]) -> HolderIndex:
-        index = cls()
-        for position, claim in enumerate(claims):
-            index.put(position, claim)
-        return index
-
-    def put(self, token: Hashable, claim: Body | None) -> set[DeviceKey]:
-        """File ``claim`` under ``token`` (None: remove it); returns the devices whose holders
-        may have changed."""
-        changed: set[DeviceKey] = set()
-        for key in self._devices.pop(token, ()):
-            hold = Hold._make(self._entries[key].pop(token))
-            if not self._entries[key]:
-                del self._entries[key]
-            self._forget(key)
-            self._names[hold.owner] -= 1
-            self._uids[hold.uid] -= 1
-            if hold.exclusive:
-                self._taken[key] -= 1
-                if not self._taken[key]:
-                    del self._taken[key]
-            changed.add(key)
-        if claim is None:
-            return changed
-        found = holds(claim)
-        if not found:
-            return changed
-        self._devices[token] = tuple(found)
-        for key, hold in found.items():
-            self._entries.setdefault(key, {})[token] = tuple(hold)
-            self._forget(key)
-            self._names[hold.owner] += 1
-            self._uids[hold.uid] += 1
-            if hold.exclusive:
-                self._taken[key] = self._taken.get(key, 0) + 1
-            changed.add(key)
-        return changed
-
-    def _forget(self, key: DeviceKey) -> None:
-        self._owners.pop(key, None)
-        self._consumed.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def membership(self) -> Callable[[object], bool]:
-        """``key in index``, as a function that is quick to call in a loop."""
-        return self._entries.__contains__
-
-    def taken(self) -> Callable[[object], bool]:
-        """Whether a claim holds the device alone (a result without a ``shareID``): what the
-        scheduler reads as "in use"; a shared device's shares do not take it."""
-        return self._taken.__contains__
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def owners(self, key: DeviceKey) -> tuple[str, ...]:
-        """``ns/name`` of the claims holding ``key``, sorted; empty when free."""
-        found = self._owners.get(key)
-        if found is None:
-            entries = self._entries.get(key)
-            if not entries:
-                return ()
-            found = self._owners[key] = tuple(sorted({h[0] for h in entries.values()}))  # owner
-        return found
-
-    def holds_of(self, key: DeviceKey) -> Iterable[Hold]:
-        """How each claim holding ``key`` holds it."""
-        return map(Hold._make, (self._entries.get(key) or {}).values())
-
-    def consumed(self, key: DeviceKey) -> Mapping[str, Amount]:
-        """Capacity the shares of ``key`` consumed, per capacity name."""
-        found = self._consumed.get(key)
-        if found is None:
-            found = self._consumed[key] = add_consumed(self.holds_of(key))
-        return found
-
-    def involves(self, name: str, uid: str) -> bool:
-        """Whether the claim ``name`` (``ns/name``) or one with ``uid`` holds anything."""
-        return self._names[name] > 0 or bool(uid and self._uids[uid] > 0)
-
-    def owners_excluding(self, key: DeviceKey, name: str, uid: str) -> tuple[str, ...]:
-        """``owners`` without the claim looking at its own chances, as ``holders(exclude=)``."""
-        return tuple(
-            sorted(
-                {
-                    h.owner
-                    for h in self.holds_of(key)
-                    if h.owner != name and not (uid and h.uid == uid)
-                }
-            )
-        )
-
-
-def add_consumed(found: Iterable[Hold]) -> dict[str, Amount]:
-    """The ``consumedCapacity`` of several holds, summed per capacity name."""
-    total: dict[str, Amount] = {}
-    for hold in found:
-        for name, value in hold.consumed:
-            total[name] = total.get(name, 0) + value
-    return total
-
-
 @dataclasses.dataclass(frozen=True)
 class PoolProblem:
     driver: str
@@ -562,23 +361,14 @@ def current_pools(slices: Iterable[Body]) -> tuple[list[PublishedDevice], list[P
     return devices, problems
 
 
-def allocated(claims: Iterable[Body]) -> dict[DeviceKey, str]:
-    """Allocated devices and a claim (``ns/name``) holding each."""
-    return {key: owners[0] for key, owners in holders(claims).items()}
+class Counts(NamedTuple):
+    """Our driver's devices on one node, or one pool's share of them: a node's row of the
+    metrics tally, which adds the pools' rows up field by field."""
 
-
-def claim_state(claim: Body) -> str:
-    status = claim.get("status", {})
-    if not status.get("allocation"):
-        return "pending"
-    return "reserved" if status.get("reservedFor") else "allocated"
-
-
-@dataclasses.dataclass(frozen=True)
-class Counts:
     published: int = 0
     allocated: int = 0
     memory: int = 0
+    """Bytes."""
     memory_allocated: int = 0
     tainted_no_schedule: int = 0
     """Devices whose worst taint is NoSchedule."""
@@ -587,17 +377,16 @@ class Counts:
     """Devices a new claim could get now (``Availability.available``); without partitions and
     shares, those not allocated."""
 
-    def row(self) -> tuple[int, int, int, int, int, int, int]:
-        """The counts in field order (a node's row of the metrics tally)."""
-        return (
-            self.published,
-            self.allocated,
-            self.memory,
-            self.memory_allocated,
-            self.tainted_no_schedule,
-            self.tainted_no_execute,
-            self.free,
-        )
+    def row(self) -> Counts:
+        """The counts as the tally's row (a ``Counts`` is one)."""
+        return self
+
+
+class Memory(NamedTuple):
+    """The memory bytes a device adds to its node's gauges."""
+
+    published: int
+    allocated: int
 
 
 class Availability(Protocol):
@@ -607,8 +396,8 @@ class Availability(Protocol):
     def available(self, device: PublishedDevice) -> bool:
         """Whether a new claim could get ``device`` now."""
 
-    def memory(self, device: PublishedDevice) -> tuple[int, int]:
-        """The memory bytes ``device`` adds to its node's (published, allocated)."""
+    def memory(self, device: PublishedDevice) -> Memory:
+        """The memory bytes ``device`` adds to its node's gauges."""
 
 
 def per_node(

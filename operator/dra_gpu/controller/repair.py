@@ -12,6 +12,7 @@ import logging
 
 from dra_gpu import kube
 from dra_gpu.controller.view import Changes, ClusterView
+from dra_gpu.resource import bodies
 from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,9 @@ class StatusRepair:
             self._to_repair.discard(key)
             if claim is None:
                 continue
-            status = claim.get("status", {})
-            entries = status.get("devices") or []
+            entries = bodies.device_statuses(claim)
             allocated = {
-                (r["driver"], r["pool"], r["device"])
-                for r in (status.get("allocation") or {}).get("devices", {}).get("results") or []
+                (r["driver"], r["pool"], r["device"]) for r in bodies.allocation_results(claim)
             }
             stale = [
                 e

@@ -1,18 +1,16 @@
 """A DeviceClass's CEL selectors, compiled, and the drivers they name.
 
 Pure: the class body in, compiled selectors (``cel.compile_selector`` caches each expression)
-or driver names out. The tallies, the explainer and the class checks all read classes this way.
+or driver names out (``cel.comparisons`` reads them from the syntax tree). The tallies, the
+explainer and the class checks all read classes this way.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from dra_gpu import cel
-
-_DRIVER_IS = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
 
 
 def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]:
@@ -25,8 +23,11 @@ def class_selectors(device_class: Mapping[str, Any]) -> tuple[cel.Compiled, ...]
 
 
 def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
-    """Drivers a class's selectors name with ``device.driver == "..."`` (empty: any)."""
-    drivers: set[str] = set()
-    for compiled in class_selectors(device_class):
-        drivers |= set(_DRIVER_IS.findall(compiled.expression))
-    return drivers
+    """Drivers a class's selectors compare with ``device.driver == "..."``, anywhere in them
+    (empty: any)."""
+    return {
+        str(c.constant)
+        for compiled in class_selectors(device_class)
+        for c in cel.comparisons(compiled.expression)
+        if c.field == "driver" and c.constant
+    }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from dra_gpu import cel
 from dra_gpu.controller import partitions, published, selections, selectors
@@ -30,13 +30,22 @@ from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 
-NodeRow = tuple[int, int, int, int, int, int, int]
-"""published, allocated, memory bytes, memory bytes allocated, tainted NoSchedule (only),
-tainted NoExecute, free."""
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
-ClassRow = tuple[int, int, int, int]
-"""devices of our driver admitted, those allocated, devices of any driver admitted, devices of
-our driver admitted and free."""
+
+
+class ClassRow(NamedTuple):
+    """One pool's share of a DeviceClass's counts, which the tally adds up per class."""
+
+    admitted: int
+    """Devices of our driver the class admits."""
+    allocated: int
+    """Those of them allocated."""
+    anywhere: int
+    """Devices of any driver the class admits."""
+    free: int
+    """Devices of our driver the class admits that a new claim could get now."""
+
+
 Series = dict[tuple[Any, tuple[str, ...]], float]
 """(gauge, its labels) -> value: a pool's series of the per-counter-set and per-shared-device
 gauges."""
@@ -49,12 +58,12 @@ class Tally:
         self.classes: dict[str, tuple[cel.Compiled, ...]] = {}
         """Every DeviceClass's compiled selectors."""
         self.nodes: dict[str, list[int]] = {}
-        """Node -> published, allocated, memory, memory allocated (our driver)."""
+        """Node -> its pools' ``published.Counts`` added up, field by field (our driver)."""
         self.admitted: dict[str, list[int]] = {}
-        """Class -> our devices admitted, allocated; devices of any driver admitted."""
+        """Class -> its pools' ``ClassRow`` added up, field by field."""
         self.problems: dict[PoolKey, published.PoolProblem] = {}
         """Pools (every driver) that are not complete (``published.Pool.complete``)."""
-        self._pool_nodes: dict[PoolKey, dict[str, NodeRow]] = {}
+        self._pool_nodes: dict[PoolKey, dict[str, published.Counts]] = {}
         self._pool_classes: dict[PoolKey, dict[str, ClassRow]] = {}
         self.series: dict[PoolKey, Series] = {}
         """Per pool of our driver: its counter sets' and shared devices' series."""
@@ -103,7 +112,7 @@ class Tally:
             self.problems.pop(key, None)
         else:
             self.problems[key] = problem
-        node_rows: dict[str, NodeRow] = {}
+        node_rows: dict[str, published.Counts] = {}
         class_rows: dict[str, ClassRow] = {}
         series: Series = {}
         if pool is not None and pool.complete:
@@ -115,8 +124,12 @@ class Tally:
             if pool.driver == self.driver:
                 series = pool_series(view.usage, pool)
         self._replace_series(key, series)
-        nodes = self._replace(self.nodes, self._pool_nodes, key, node_rows, 7)
-        classes = self._replace(self.admitted, self._pool_classes, key, class_rows, 4)
+        nodes = self._replace(
+            self.nodes, self._pool_nodes, key, node_rows, len(published.Counts._fields)
+        )
+        classes = self._replace(
+            self.admitted, self._pool_classes, key, class_rows, len(ClassRow._fields)
+        )
         return nodes, classes
 
     def _replace_series(self, key: PoolKey, series: Series) -> None:
@@ -151,10 +164,9 @@ class Tally:
             moved.add(name)
         return moved
 
-    def _node_rows(self, view: ClusterView, pool: published.Pool) -> dict[str, NodeRow]:
+    def _node_rows(self, view: ClusterView, pool: published.Pool) -> dict[str, published.Counts]:
         """The pool's share of each node's counts (the same rule as a full count)."""
-        counts = published.per_node(pool.devices, view.holders, self.driver, view.usage)
-        return {node: c.row() for node, c in counts.items()}
+        return published.per_node(pool.devices, view.holders, self.driver, view.usage)
 
     def _class_row(
         self, view: ClusterView, compiled: tuple[cel.Compiled, ...], pool: published.Pool
@@ -171,7 +183,7 @@ class Tally:
                 admitted += 1
                 allocated += device.key in view.holders
                 free += available(device)
-        return admitted, allocated, anywhere, free
+        return ClassRow(admitted, allocated, anywhere, free)
 
     def _set_gauges(self, nodes: Iterable[str], classes: Iterable[str], view: ClusterView) -> None:
         for node in nodes:

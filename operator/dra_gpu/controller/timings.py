@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_gpu.controller.view import Changes, ClusterView
+from dra_gpu.resource import bodies
 from dra_gpu.serving import metrics
 
 
@@ -66,5 +67,5 @@ def _claims_allocated(view: ClusterView, pod: Mapping[str, Any]) -> bool:
     names.discard(None)
     wanted = len(pod["spec"].get("resourceClaims") or [])
     found = [view.claims.get(f"{namespace}/{n}") for n in names]
-    allocated = [c for c in found if c and c.get("status", {}).get("allocation")]
+    allocated = [c for c in found if c and bodies.allocation(c) is not None]
     return len(allocated) >= wanted

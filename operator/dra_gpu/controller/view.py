@@ -8,7 +8,7 @@ other fields (a Node's heartbeat, a Pod's container status) is no change at all,
 skip the Pods that use no claim (most Pods of a cluster) altogether.
 
 ``apply`` keeps the indexes the controller's jobs read instead of scanning: pods by the claims
-they use, pending claims, claims by state, devices by holder (``published.HolderIndex``), each
+they use, pending claims, claims by state, devices by holder (``claimed.HolderIndex``), each
 pool at its newest generation (``published.Pool``, rebuilt only when one of its slices changes),
 the pools with devices on each node, and what allocations use of each pool's counter sets and
 shared devices (``partitions.Usage``, worked out again for a pool when it or its holders
@@ -23,17 +23,12 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dra_gpu.controller import explain, partitions, published
+from dra_gpu.controller import claimed, kubelet, partitions, published
+from dra_gpu.resource import bodies
 
 Body = dict[str, Any]
 KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node")
 PoolKey = tuple[str, str]
-
-
-def key(body: Mapping[str, Any]) -> str:
-    meta = body.get("metadata", {})
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta['name']}" if namespace else meta["name"]
 
 
 # What is kept of each kind: field -> None (all of it) or the fields kept below it.
@@ -172,7 +167,7 @@ class ClusterView:
         self.claim_states: collections.Counter[str] = collections.Counter(
             {"pending": 0, "allocated": 0, "reserved": 0}
         )
-        self.holders = published.HolderIndex()
+        self.holders = claimed.HolderIndex()
         self._slice_seq: dict[str, int] = {}
         self._slice_pool: dict[str, PoolKey] = {}
         self._pool_slices: dict[PoolKey, set[str]] = {}
@@ -181,14 +176,14 @@ class ClusterView:
         self.usage = partitions.Usage(self.holders, self.pools)
         """Counters and shares the allocations use, per pool."""
         self._pools_on_node: dict[str, set[PoolKey]] = {}
-        self.prepare_failures: dict[str, explain.PrepareFailure] = {}
+        self.prepare_failures: dict[str, kubelet.PrepareFailure] = {}
         """Pod key -> the kubelet's latest prepare failure on it (``set_prepare_failure``)."""
         self._changes = Changes()
         self._seq = 0
 
     def apply(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Take one watch event; returns whether the view changed (in a field it keeps)."""
-        name = key(body)
+        name = bodies.key(body)
         store = self.objects[kind]
         old = store.get(name)
         new: Body | None = None
@@ -212,7 +207,7 @@ class ClusterView:
         getattr(self, _ON_CHANGE[kind])(name, old, new)
         return True
 
-    def set_prepare_failure(self, pod_key: str, failure: explain.PrepareFailure | None) -> bool:
+    def set_prepare_failure(self, pod_key: str, failure: kubelet.PrepareFailure | None) -> bool:
         """The kubelet's latest prepare failure on a pod (None: none, or it expired); a change
         of it is a change of that pod. Returns whether it changed."""
         if self.prepare_failures.get(pod_key) == failure:
@@ -259,7 +254,7 @@ class ClusterView:
 
     def pods_of(self, claim: Mapping[str, Any]) -> list[Body]:
         """Pods that use the claim (naming it in spec or status), sorted by namespace/name."""
-        return [self.pods[p] for p in self.pod_keys_of(key(claim))]
+        return [self.pods[p] for p in self.pod_keys_of(bodies.key(claim))]
 
     def pod_keys_of(self, claim_key: str) -> list[str]:
         return sorted(self._pods_by_claim.get(claim_key, ()))
@@ -316,7 +311,7 @@ class ClusterView:
             self.claim_states[before] -= 1
         self._pending.discard(name)
         if new is not None:
-            state = published.claim_state(new)
+            state = claimed.claim_state(new)
             self._states[name] = state
             self.claim_states[state] += 1
             if state == "pending":

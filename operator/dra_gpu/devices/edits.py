@@ -21,10 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dra_gpu.devices import model
+from dra_gpu.devices.model.instances import MigInstance
+from dra_gpu.devices.model.inventory import Device
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 """The NVIDIA Container Toolkit's variable: the GPU and MIG UUIDs a container may use."""
@@ -100,11 +99,11 @@ class GivenDevice:
     """One device a claim's container is given: the inventory's device (a MIG partition with
     the UUID of the MIG device that exists now) and, for a partition, its MIG instance."""
 
-    device: model.Device
-    mig_instance: model.MigInstance | None = None
+    device: Device
+    mig_instance: MigInstance | None = None
 
 
-def visible_uuids(devices: Iterable[GivenDevice | model.Device]) -> tuple[str, ...]:
+def visible_uuids(devices: Iterable[GivenDevice | Device]) -> tuple[str, ...]:
     """The UUIDs ``NVIDIA_VISIBLE_DEVICES`` lists for these devices: each once, in order (two
     shares of one GPU are one GPU). A container's CUDA ordinals of MPS limits follow it."""
     uuids: dict[str, None] = {}

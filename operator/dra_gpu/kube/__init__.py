@@ -1,17 +1,20 @@
 """The Kubernetes API client: one HTTP/1.1 transport, credentials, kubeconfig, verbs and watches.
 
 Components import the package and qualify (``kube.Kube``, ``kube.ApiError``); the modules
-beneath are its parts: ``transport`` (h11 connections), ``auth`` (credentials and tokens),
-``client`` (the verbs), ``events`` (Event posting).
+beneath are its parts, from the top: ``events`` (Event posting), ``client`` (``Kube``: the
+verbs, reaching the server), ``watch`` (list, then watch) and ``kubeconfig`` (where to connect
+and as whom), ``tokens`` (the ``Authorization`` header's three sources) and ``tls`` (the TLS
+context), ``errors`` (how it fails, in words), ``auth`` (kubeconfig fields read into
+credentials, pure) and ``transport`` (h11 connections).
 """
 
-from dra_gpu.kube.client import (
+from dra_gpu.kube.auth import IN_CLUSTER
+from dra_gpu.kube.client import Kube
+from dra_gpu.kube.errors import (
     CONNECTION_ERRORS,
-    IN_CLUSTER,
     ApiError,
     Body,
     ConfigError,
-    Kube,
     Refused,
     Unreachable,
 )

@@ -1,10 +1,10 @@
 """Kubeconfig files and the in-cluster service account, read into ``Credentials``: pure logic.
 
 Parsed YAML in (each file's mapping, with its path), ``Credentials`` out: where the API server
-is, how to trust it and who we are. Nothing here opens a file, a socket or a process: ``kube``
-reads the files, checks that the files named in them exist, builds the TLS context, re-reads a
-token file as the kubelet rotates it, and turns ``Invalid`` into a ``kube.ConfigError`` that also
-says where the kubeconfig's name came from.
+is, how to trust it and who we are. Nothing here opens a file, a socket or a process:
+``kubeconfig`` reads the files, checks that the files named in them exist and turns ``Invalid``
+into a ``kube.ConfigError`` that also says where the kubeconfig's name came from; ``tls`` builds
+the TLS context, ``tokens`` re-reads a token file as the kubelet rotates it.
 
 Several files (``KUBECONFIG=a:b``) merge as kubectl merges them: the first file that names a
 cluster, user or context, or sets ``current-context``, wins. A relative path is relative to the
@@ -12,8 +12,8 @@ file that holds it. Every ``Invalid`` names the field and the file (``users[name
 in /home/me/.kube/config``).
 
 A user whose token comes from a program or a provider (``exec``, ``auth-provider``: EKS, GKE,
-OIDC) comes out ``delegated``: ``kube`` leaves that user to kubernetes-asyncio's loader, imported
-only then. The node agent, with its service account, never is.
+OIDC) comes out ``delegated``: ``kubeconfig`` leaves that user to kubernetes-asyncio's loader,
+imported only then. The node agent, with its service account, never is.
 """
 
 from __future__ import annotations

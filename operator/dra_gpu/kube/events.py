@@ -1,6 +1,10 @@
 """Posting Events: what users read with ``kubectl describe`` and ``kubectl get events``.
 
 Every user-facing failure is an Event and a log line that say the same thing (see callers).
+
+Owns: the Event bodies (``event_body``, ``object_ref``) and posting them, best effort
+(``Recorder``, ``post_on_node``). Must not: raise when an Event cannot be posted; reach below
+``client.Kube``'s verbs.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from dra_gpu import kube
+from dra_gpu.kube import client
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ def event_body(
 class Recorder:
     """Posts the Events of one component (``reportingController``) running on ``host``."""
 
-    api: kube.Kube
+    api: client.Kube
     component: str
     host: str
 
@@ -89,7 +93,7 @@ class Recorder:
 
 
 async def post_on_node(
-    api: kube.Kube, component: str, node: str, *, type_: str, reason: str, message: str
+    api: client.Kube, component: str, node: str, *, type_: str, reason: str, message: str
 ) -> None:
     """One Event on Node ``node``, posted by ``component`` running there; best effort: a Node
     that cannot be read is referred to by name alone, and a failure to post is logged."""

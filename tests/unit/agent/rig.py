@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
-from dra_gpu.agent.state import DeviceState, StatusSink
+from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.agent.state import DeviceState
+from dra_gpu.agent.status import StatusSink
 from dra_gpu.devices import model
+from dra_gpu.resource.bodies import ClaimUID
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"

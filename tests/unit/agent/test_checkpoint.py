@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_gpu.agent import cdi, checkpoint, files
-from dra_gpu.agent.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, PreparedDevice
+from dra_gpu.agent.checkpoint import Checkpoint, CorruptCheckpoint, PreparedClaim, RecordedDevice
 from dra_gpu.agent.claims import AllocatedDevice
 from dra_gpu.devices import model
 
@@ -27,7 +27,7 @@ def prepared_claim(uid: str = UID, devices: tuple[str, ...] = ("gpu-0",)) -> Pre
         namespace="default",
         name=f"claim-{uid[:4]}",
         devices=tuple(
-            PreparedDevice(
+            RecordedDevice(
                 request_names=("gpu",),
                 pool="node-01",
                 device=device,
@@ -361,7 +361,7 @@ def test_the_record_lists_the_allocated_devices_that_the_spec_holds() -> None:
     spec = cdi.claim_spec(DRIVER, UID, [("gpu-1", {"GPU_DEVICE_0": "gpu-1"})])
     record = checkpoint.record_claim(DRIVER, UID, "default", "c", allocated, spec)
     assert record.devices == (
-        PreparedDevice(("gpu",), "node-01", "gpu-1", (cdi.cdi_device_id(DRIVER, UID, "gpu-1"),)),
+        RecordedDevice(("gpu",), "node-01", "gpu-1", (cdi.cdi_device_id(DRIVER, UID, "gpu-1"),)),
     )
     assert record.cdi_spec == spec
     assert checkpoint.record_claim(DRIVER, UID, "default", "c", allocated, None).devices == ()
@@ -397,7 +397,7 @@ def test_a_mig_instance_made_again_renames_its_device_in_the_spec() -> None:
         UID,
         "ns",
         "a",
-        (PreparedDevice(("gpu",), "node-01", device, (), MIG),),
+        (RecordedDevice(("gpu",), "node-01", device, (), MIG),),
         cdi.claim_spec(
             DRIVER, UID, [(device, {"NVIDIA_VISIBLE_DEVICES": "MIG-1234", "KEEP": "MIG-12345"})]
         ),

@@ -6,7 +6,9 @@ from typing import Any
 
 from dra_gpu.agent import claims
 from dra_gpu.agent.claimcache import ClaimCache, ours
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
+from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.resource import bodies
+from dra_gpu.resource.bodies import ClaimUID
 
 DRIVER, NODE = "gpu.example.com", "node-01"
 REF = ClaimRef("ns", "c", ClaimUID("u1"))
@@ -64,7 +66,7 @@ def test_a_reserved_claim_of_our_pool_is_served_with_what_prepare_reads_and_noth
     assert devices(body) == ["gpu-0"]
     assert body is not None
     claims.check_identity(body, REF)
-    assert claims.allocation_configs(body) == []
+    assert bodies.allocation_configs(body) == []
     assert "managedFields" not in body["metadata"]
     assert "spec" not in body
 

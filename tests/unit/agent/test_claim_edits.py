@@ -13,9 +13,9 @@ from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import edits, model, nvml, nvml_cdi, simulated
+from tests.support.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
 from tests.unit.agent import rig
 from tests.unit.agent.rig import ClaimsApi
-from tests.unit.devices.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
@@ -186,7 +186,7 @@ def test_a_spec_with_claim_edits_is_still_read_by_the_previous_version(tmp_path:
         "uid-1",
         "ns",
         "c",
-        (checkpoint.PreparedDevice(("gpu",), NODE, "gpu-0", ("id",), mig_instance=old),),
+        (checkpoint.RecordedDevice(("gpu",), NODE, "gpu-0", ("id",), mig_instance=old),),
         spec,
     ).with_mig_instance("gpu-0", new)
     assert record.cdi_spec is not None

@@ -11,13 +11,13 @@ from dra_gpu.agent.claims import (
     AllocatedDevice,
     ClaimError,
     ClaimRef,
-    ClaimUID,
     admin_access_env,
     allocated_devices,
     check_identity,
     check_request,
     stale_reason,
 )
+from dra_gpu.resource.bodies import ClaimUID
 
 REF = ClaimRef("ns", "c", ClaimUID("u1"))
 

@@ -21,8 +21,8 @@ from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared, PrepareFailed
 from dra_gpu.devices import mig, model, nvml, simulated
 from dra_gpu.serving import metrics
-from tests.unit.agent.rig import ClaimsApi
-from tests.unit.devices.fake_pynvml import PRIVILEGED_CALLS, FakeGpu, FakeNvml, a100_in_mig_mode
+from tests.support.fake_pynvml import PRIVILEGED_CALLS, FakeGpu, FakeNvml, a100_in_mig_mode
+from tests.unit.agent.rig import ClaimsApi, NoStatus
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
@@ -80,11 +80,6 @@ class Claims(ClaimsApi):
     def add(self, name: str, *devices: str, config: list[Any] | None = None) -> ClaimRef:
         results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
         return self.allocate(name, results, config or [])
-
-
-class NoStatus:
-    def set_devices(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        pass
 
 
 def agent(rig: Rig, tmp_path: Path, api: Claims, *, own_layout: bool = False) -> DeviceState:

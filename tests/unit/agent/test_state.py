@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu.agent import cdi, checkpoint, claims
-from dra_gpu.agent.claims import ClaimRef, ClaimUID
-from dra_gpu.agent.state import CLAIM_READS, DeviceState, Prepared, PrepareFailed, StatusSink
+from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.agent.state import CLAIM_READS, DeviceState, Prepared, PrepareFailed
+from dra_gpu.agent.status import StatusSink
 from dra_gpu.devices import model
 from dra_gpu.devices.simulated import Profile, SimulatedBackend
+from dra_gpu.resource.bodies import ClaimUID
 
 DRIVER = "gpu.example.com"
 SIMULATED = SimulatedBackend(Profile("test", {}), "node-01")
@@ -64,7 +66,7 @@ def state(
 
 def prepared(uid: str) -> checkpoint.PreparedClaim:
     spec = cdi.claim_spec(DRIVER, uid, [("gpu-0", {"GPU_DEVICE_0": "gpu-0"})])
-    device = checkpoint.PreparedDevice(
+    device = checkpoint.RecordedDevice(
         ("gpu",), "node-01", "gpu-0", (cdi.cdi_device_id(DRIVER, uid, "gpu-0"),)
     )
     return checkpoint.PreparedClaim(uid, "ns", f"claim-{uid}", (device,), spec)

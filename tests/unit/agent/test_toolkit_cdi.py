@@ -16,11 +16,12 @@ import pytest
 
 from dra_gpu import config
 from dra_gpu.agent import cdi, checkpoint, runner, toolkit
+from dra_gpu.agent.checkpoint import v1
 from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import model, nvml, simulated
+from tests.support.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
 from tests.unit.agent.rig import ClaimsApi, device_state
-from tests.unit.devices.fake_pynvml import FakeNvml, a100_in_mig_mode, two_h100s
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
@@ -197,11 +198,11 @@ async def test_a_record_of_the_previous_version_keeps_answering_its_one_id(
 def test_the_decoder_reads_a_record_with_both_ids_as_a_list_of_ids() -> None:
     # The record's format is v1 as before: cdi_device_ids was always a list (the previous
     # version's decoder is this one, unchanged), so it reads and answers both IDs.
-    device = checkpoint.PreparedDevice(
+    device = checkpoint.RecordedDevice(
         ("gpu",), NODE, "gpu-0", (f"{KIND}=GPU-a", f"{OURS}=u-gpu-0")
     )
     claim = checkpoint.PreparedClaim("u", "ns", "c", (device,), None)
-    content, _ = checkpoint._dump(checkpoint.Checkpoint({"u": claim}))
+    content, _ = v1.dump_checksummed(checkpoint.Checkpoint({"u": claim}))
     loaded = checkpoint.load(content)
     assert loaded.claims["u"].devices[0].cdi_device_ids == (f"{KIND}=GPU-a", f"{OURS}=u-gpu-0")
     assert json.loads(content)["data"]["claims"][0]["devices"][0]["cdi_device_ids"] == [

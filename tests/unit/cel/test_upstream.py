@@ -26,7 +26,7 @@ from tests.unit.cel import celgen
 from tests.unit.cel.celref import Oracle, build_oracle, ours, verdict
 from tests.unit.cel.upstream_table import BOTH, CASES
 
-pytestmark = pytest.mark.oracle
+pytestmark = pytest.mark.binaries
 
 GENERATED_CASES = int(os.environ.get("DRA_GPU_CEL_CASES", "10000"))
 # kube-apiserver 1.37's default gates: DRAConsumableCapacity is beta, DRAListTypeAttributes alpha.

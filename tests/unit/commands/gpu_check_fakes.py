@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from tests.unit.devices import fake_pynvml as fake
+from tests.support import fake_pynvml as fake
 
 A100_UUID = "GPU-a1000000-0000-4000-8000-000000000000"
 H100_UUIDS = (

@@ -23,6 +23,7 @@ import pytest
 
 from dra_gpu.exits import ExitCode
 from dra_gpu.testing import eventually
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILE = REPO / "charts" / "dra-gpu" / "profiles" / "tutorial.yaml"
@@ -235,12 +236,6 @@ def readyz(port: int) -> tuple[int, str] | None:
         return exc.code, exc.read().decode()
     except OSError:
         return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_controller_waits_for_an_unreachable_api_server_and_says_so(

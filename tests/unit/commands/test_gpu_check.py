@@ -23,8 +23,8 @@ from typing import Any
 import pynvml
 import pytest
 
+from tests.support import fake_pynvml
 from tests.unit.commands import gpu_check_fakes as fakes
-from tests.unit.devices import fake_pynvml
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "hack" / "gpu-check"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 import urllib.error
 import urllib.request
 from contextlib import AbstractAsyncContextManager
@@ -12,6 +11,7 @@ from contextlib import AbstractAsyncContextManager
 import prometheus_client
 
 from dra_gpu.serving import httpserver
+from tests.support.ports import free_port
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,12 +19,6 @@ class Where:
     metrics_port: int
     health_port: int
     bind_address: str = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def ok() -> tuple[bool, str]:

@@ -1,4 +1,5 @@
-from dra_gpu.kube.client import ApiError, _query_value
+from dra_gpu.kube.client import _query_value
+from dra_gpu.kube.errors import ApiError
 
 
 def test_api_error_names_request_status_and_server_message() -> None:

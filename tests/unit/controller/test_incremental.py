@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from dra_gpu import cel
-from dra_gpu.controller import explain, partitions, published
-from dra_gpu.controller.explaining import Explainer
-from dra_gpu.controller.reporter import Reporter
+from dra_gpu.controller import claimed, explain, partitions, published
+from dra_gpu.controller.explainer import Explainer
+from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import ClusterView
@@ -472,7 +472,7 @@ def reference_free(
     pools: dict[tuple[str, str], published.Pool],
     claims: Iterable[Body],
 ) -> bool:
-    """Whether a new claim could get ``device``: the rule of the README, counted plainly."""
+    """Whether a new claim could get ``device``: the rule of docs/controller.md, counted plainly."""
     claims = list(claims)
     results = [r for k, r in reference_holds(claims) if k == device.key]
     if any(not r.get("shareID") for r in results):
@@ -571,10 +571,10 @@ class Cluster:
         slices, claims = list(self.objects["ResourceSlice"].values()), self.objects["ResourceClaim"]
         classes, nodes = self.objects["DeviceClass"], self.objects["Node"]
         devices, problems = published.current_pools(slices)
-        held = published.allocated(claims.values())
+        held = claimed.allocated(claims.values())
         pools = {p.key: p for p in published.read_pools(slices) if p.complete}
         free = {d.key: reference_free(d, pools, claims.values()) for d in devices}
-        usage = partitions.Usage(published.HolderIndex.of(claims.values()), pools)
+        usage = partitions.Usage(claimed.HolderIndex.of(claims.values()), pools)
         expected_nodes = {
             node: c.row() for node, c in published.per_node(devices, held, DRIVER, usage).items()
         }
@@ -605,7 +605,7 @@ class Cluster:
                     note("shares held")
         if any(free[d.key] != (d.key not in held) for d in devices if d.driver == DRIVER):
             note("a device neither held nor free")
-        states = collections.Counter(published.claim_state(c) for c in claims.values())
+        states = collections.Counter(claimed.claim_state(c) for c in claims.values())
         assert {s: self.view.claim_states[s] for s in states} == states
         assert {(p.driver, p.pool): p.message for p in problems} == {
             k: p.message for k, p in self.tally.problems.items()

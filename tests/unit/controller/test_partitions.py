@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from dra_gpu.agent import slices
-from dra_gpu.controller import explain, partitions, published
+from dra_gpu.controller import claimed, explain, partitions, published
 from dra_gpu.controller.explain import Reason, Verdict
-from dra_gpu.controller.explaining import Explainer
-from dra_gpu.controller.reporter import Reporter
+from dra_gpu.controller.explainer import Explainer
+from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.view import ClusterView
@@ -76,7 +76,7 @@ def request(selector: str | None = None, memory: str | None = None) -> list[Body
 
 def usage_of(claims: list[Body]) -> tuple[partitions.Usage, published.Pool]:
     (pool,) = published.read_pools(node_slices())
-    return partitions.Usage(published.HolderIndex.of(claims), {pool.key: pool}), pool
+    return partitions.Usage(claimed.HolderIndex.of(claims), {pool.key: pool}), pool
 
 
 def device(pool: published.Pool, name: str) -> published.PublishedDevice:
@@ -141,7 +141,7 @@ def test_a_pool_reads_its_counter_sets_and_each_device_what_it_consumes() -> Non
 
 
 def test_a_claim_holds_a_device_alone_or_in_shares_with_their_consumed_capacity() -> None:
-    index = published.HolderIndex.of(
+    index = claimed.HolderIndex.of(
         [
             claim(
                 "a",
@@ -234,7 +234,7 @@ def test_partitions_held_use_the_counters_they_consume() -> None:
 
 def test_per_node_counts_a_partitioned_gpu_once_and_free_only_what_a_claim_could_get() -> None:
     usage, pool = usage_of(HELD)
-    held = published.allocated(HELD)
+    held = claimed.allocated(HELD)
     counts = published.per_node(pool.devices, held, DRIVER, usage)["node-01"]
     assert (counts.published, counts.allocated, counts.free) == (26, 2, 6)
     # gpu-0 counts its 40Gi once (not once per placement); gpu-1 its 80Gi.
@@ -252,7 +252,7 @@ def test_a_shared_device_is_free_while_a_share_fits_and_counts_what_its_shares_c
     assert usage.available(gpu_1)
     assert usage.memory(gpu_1) == (80 * GI, 50 * GI)
     assert usage.shares(gpu_1.key) == 2
-    counts = published.per_node(pool.devices, published.allocated(shares), DRIVER, usage)
+    counts = published.per_node(pool.devices, claimed.allocated(shares), DRIVER, usage)
     assert (counts["node-01"].allocated, counts["node-01"].free) == (1, 26)
     full, pool = usage_of([*shares, claim("c", result("gpu-1", share="s3", memory="30Gi"))])
     assert not full.available(device(pool, "gpu-1"))
@@ -269,7 +269,7 @@ def test_a_shared_device_consumes_its_counters_once_for_all_its_shares() -> None
                 d["allowMultipleAllocations"] = True
     (pool,) = published.read_pools(body)
     held = [claim("a", result("gpu-0-mig-3g-20gb-4", share="s1"))]
-    usage = partitions.Usage(published.HolderIndex.of(held), {pool.key: pool})
+    usage = partitions.Usage(claimed.HolderIndex.of(held), {pool.key: pool})
     assert usage.available(device(pool, "gpu-0-mig-3g-20gb-4"))  # another share: no charge
     assert usage.available(device(pool, "gpu-0-mig-4g-20gb-0"))  # slices 0-3, 4 + 3 compute
     assert not usage.available(device(pool, FULL))

@@ -12,9 +12,9 @@ import asyncio
 from typing import Any
 
 from dra_gpu.controller import explain
-from dra_gpu.controller.explaining import Explainer
+from dra_gpu.controller.explainer import Explainer
+from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.prepares import PrepareFailures
-from dra_gpu.controller.reporter import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.view import ClusterView
 from dra_gpu.serving import metrics

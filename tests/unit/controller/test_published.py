@@ -1,7 +1,7 @@
 """What the controller counts: complete pools at their newest generation, allocations."""
 
 from dra_gpu.agent import slices
-from dra_gpu.controller import published
+from dra_gpu.controller import claimed, published
 from dra_gpu.devices import mig, simulated
 
 
@@ -66,7 +66,7 @@ def test_per_node_counts_allocated_devices_and_memory_of_our_driver_only() -> No
             slice_("b", "node-01-nic", 1, 1, ["nic-0"], driver="nic.example.com"),
         ]
     )
-    holders = published.allocated(
+    holders = claimed.allocated(
         [
             {
                 "metadata": {"namespace": "ns", "name": "c"},
@@ -101,9 +101,9 @@ def test_per_node_counts_allocated_devices_and_memory_of_our_driver_only() -> No
 
 
 def test_claim_states() -> None:
-    assert published.claim_state({"status": {}}) == "pending"
-    assert published.claim_state({"status": {"allocation": {"x": 1}}}) == "allocated"
-    assert published.claim_state({"status": {"allocation": {"x": 1}, "reservedFor": [{}]}}) == (
+    assert claimed.claim_state({"status": {}}) == "pending"
+    assert claimed.claim_state({"status": {"allocation": {"x": 1}}}) == "allocated"
+    assert claimed.claim_state({"status": {"allocation": {"x": 1}, "reservedFor": [{}]}}) == (
         "reserved"
     )
 

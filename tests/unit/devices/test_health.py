@@ -13,8 +13,8 @@ import pytest
 
 from dra_gpu.agent import slices
 from dra_gpu.devices import health, mig, model, nvml, simulated
-from tests.unit.devices import fake_pynvml
-from tests.unit.devices.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
+from tests.support import fake_pynvml
+from tests.support.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
 
 DRIVER = "gpu.example.com"
 T0 = datetime.datetime(2026, 3, 1, 12, 3, 0, 250000, tzinfo=datetime.UTC)

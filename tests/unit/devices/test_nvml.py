@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from dra_gpu.devices import edits, gpu_models, mig, model, nvml
-from tests.unit.devices import fake_pynvml
-from tests.unit.devices.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
+from dra_gpu.devices.nvml import instances as nvml_instances
+from tests.support import fake_pynvml
+from tests.support.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
 
 
 def _api(device: model.Device) -> dict[str, object]:
@@ -200,7 +201,7 @@ def test_the_fake_matches_the_installed_pynvml() -> None:
     # The compute instance profile of each slice count, as the backend asks for it.
     for slices, constant in ((1, "1"), (2, "2"), (3, "3"), (4, "4"), (6, "6"), (7, "7"), (8, "8")):
         name = f"NVML_COMPUTE_INSTANCE_PROFILE_{constant}_SLICE"
-        assert nvml._COMPUTE_PROFILE_OF_SLICES[slices] == getattr(real, name), name
+        assert nvml_instances._COMPUTE_PROFILE_OF_SLICES[slices] == getattr(real, name), name
     # The ctypes structs' fields the backend reads.
     for struct, fields in (
         ("c_nvmlGpuInstanceProfileInfo_v2_t", {"id", "sliceCount", "instanceCount", "name"}),

@@ -25,11 +25,12 @@ import pytest
 
 from dra_gpu.agent import slices
 from dra_gpu.devices import gpu_models, mig, model, nvml
-from tests.unit.devices import fake_pynvml
-from tests.unit.devices.fake_pynvml import FakeGpu, FakeNvml
+from dra_gpu.devices.nvml import instances as nvml_instances
+from tests.support import fake_pynvml
+from tests.support.fake_pynvml import FakeGpu, FakeNvml
 from tests.unit.devices.nvmlref import MACHINES, Oracle, build_oracle, value
 
-pytestmark = pytest.mark.oracle
+pytestmark = pytest.mark.binaries
 
 MODEL_OF = {m.machine: m for m in gpu_models.MODELS.values()}
 CODES = {
@@ -220,7 +221,7 @@ def test_instances_are_created_listed_and_destroyed_as_the_oracle_does(
                     fake_pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
                 )
                 assert code == (None if c["return"] == "SUCCESS" else CODES[c["return"]])
-            full = nvml._COMPUTE_PROFILE_OF_SLICES[ours.compute_slices]
+            full = nvml_instances._COMPUTE_PROFILE_OF_SLICES[ours.compute_slices]
             ci = oracle.ask(
                 "createComputeInstance", machine, gpu=0, gpuInstance=created["id"], profile=full
             )

@@ -13,9 +13,9 @@ import pytest
 
 from dra_gpu.agent.state import DeviceState, Prepared
 from dra_gpu.devices import model, nvml, sharing, simulated
+from tests.support import fake_pynvml
+from tests.support.fake_pynvml import FakeNvml
 from tests.unit.agent.test_share_prepare import SHARE_A, Api, Sink, container_env
-from tests.unit.devices import fake_pynvml
-from tests.unit.devices.fake_pynvml import FakeNvml
 
 SOURCE = "--shared-gpus / DRA_GPU_SHARED_GPUS"
 UUID_0, UUID_1 = (gpu.uuid for gpu in fake_pynvml.two_h100s())

@@ -9,7 +9,7 @@ import pytest
 
 from dra_gpu.devices import model, nvml, pci
 from dra_gpu.resource import names
-from tests.unit.devices.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
+from tests.support.fake_pynvml import FakeGpu, FakeNvml, a100_in_mig_mode
 
 
 def fake_sysfs(root: Path, bus_id: str, target: str, numa: str | None = "1") -> Path:

@@ -101,7 +101,7 @@ def test_any_checkpoint_bytes_load_or_are_corrupt_with_a_reason(data: bytes) -> 
 
 
 def test_a_checkpoint_with_any_byte_flipped_is_never_trusted_with_other_content() -> None:
-    device = checkpoint.PreparedDevice(("gpu",), "node-01", "gpu-0", ("k8s.x/gpu=u1-gpu-0",))
+    device = checkpoint.RecordedDevice(("gpu",), "node-01", "gpu-0", ("k8s.x/gpu=u1-gpu-0",))
     record = checkpoint.Checkpoint({"u1": checkpoint.PreparedClaim("u1", "ns", "c", (device,))})
     data = checkpoint.dump(record)
     for index in range(len(data)):

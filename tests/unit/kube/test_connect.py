@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dra_gpu import kube
-from dra_gpu.kube import auth, client, transport
+from dra_gpu.kube import auth, tokens, transport
 from tests.unit.kube.servers import (
     LAST_CHUNK,
     Pki,
@@ -179,7 +179,7 @@ async def test_a_token_file_is_read_again_after_a_minute(tmp_path: Path) -> None
     now = [0.0]
     path = tmp_path / "token"
     path.write_text("first")
-    token = client._TokenFile(auth.Material("the token", path=path), clock=lambda: now[0])
+    token = tokens.TokenFile(auth.Material("the token", path=path), clock=lambda: now[0])
     path.write_text("second")
     assert await token() == "Bearer first"
     now[0] = 60.0

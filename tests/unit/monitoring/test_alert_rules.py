@@ -17,23 +17,15 @@ import pytest
 import yaml
 
 from dra_gpu.testing import default_bin_dir
+from tests.support.binaries import prometheus_bin as _prometheus_bin
+
+pytestmark = pytest.mark.binaries
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "dra-gpu"
 CASES: dict[str, list[dict[str, Any]]] = yaml.safe_load(
     (Path(__file__).with_name("alert_cases.yaml")).read_text()
 )
-
-
-def _prometheus_bin() -> Path:
-    done = subprocess.run(
-        [str(REPO / "hack" / "build-prometheus.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, f"hack/build-prometheus.sh failed:\n{done.stderr}"
-    return Path(done.stdout.strip().splitlines()[-1]) / "bin"
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,17 @@ raises them, and an equivalent Python pattern is written out with every flag res
 
 Unsupported, with a clear error instead of a different answer: Unicode script classes such as
 ``\\p{Greek}`` (Python has no script data; general categories like ``\\p{Lu}`` work).
+
+The parser is here; the character classes, as code point ranges, are ``regex_classes``'.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import re
-import sys
-import unicodedata
 from typing import Final
+
+from dra_gpu.cel._port import regex_classes
 
 __all__ = ["RegexError", "compile_go", "find_all"]
 
@@ -30,174 +31,6 @@ class RegexError(ValueError):
 
 class UnsupportedRegex(RegexError):
     """Go accepts the pattern but this translation cannot reproduce it."""
-
-
-_MAX_RUNE: Final = 0x10FFFF
-_Ranges = list[tuple[int, int]]
-
-_PERL: Final[dict[str, tuple[int, _Ranges]]] = {
-    "d": (1, [(0x30, 0x39)]),
-    "D": (-1, [(0x30, 0x39)]),
-    "s": (1, [(0x9, 0xA), (0xC, 0xD), (0x20, 0x20)]),
-    "S": (-1, [(0x9, 0xA), (0xC, 0xD), (0x20, 0x20)]),
-    "w": (1, [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]),
-    "W": (-1, [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]),
-}
-_POSIX: Final[dict[str, _Ranges]] = {
-    "alnum": [(0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A)],
-    "alpha": [(0x41, 0x5A), (0x61, 0x7A)],
-    "ascii": [(0x0, 0x7F)],
-    "blank": [(0x9, 0x9), (0x20, 0x20)],
-    "cntrl": [(0x0, 0x1F), (0x7F, 0x7F)],
-    "digit": [(0x30, 0x39)],
-    "graph": [(0x21, 0x7E)],
-    "lower": [(0x61, 0x7A)],
-    "print": [(0x20, 0x7E)],
-    "punct": [(0x21, 0x2F), (0x3A, 0x40), (0x5B, 0x60), (0x7B, 0x7E)],
-    "space": [(0x9, 0xD), (0x20, 0x20)],
-    "upper": [(0x41, 0x5A)],
-    "word": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
-    "xdigit": [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)],
-}
-_CATEGORIES: Final = frozenset(
-    [
-        "C",
-        "Cc",
-        "Cf",
-        "Co",
-        "Cs",
-        "L",
-        "Ll",
-        "Lm",
-        "Lo",
-        "Lt",
-        "Lu",
-        "M",
-        "Mc",
-        "Me",
-        "Mn",
-        "N",
-        "Nd",
-        "Nl",
-        "No",
-        "P",
-        "Pc",
-        "Pd",
-        "Pe",
-        "Pf",
-        "Pi",
-        "Po",
-        "Ps",
-        "S",
-        "Sc",
-        "Sk",
-        "Sm",
-        "So",
-        "Z",
-        "Zl",
-        "Zp",
-        "Zs",
-    ]
-)
-
-
-@functools.lru_cache(maxsize=64)
-def _category_ranges(name: str) -> tuple[tuple[int, int], ...]:
-    """Code point ranges of a Unicode general category (one or two letters), or "Any"."""
-    if name == "Any":
-        return ((0, _MAX_RUNE),)
-    ranges: _Ranges = []
-    start = -1
-    for cp in range(sys.maxunicode + 1):
-        category = unicodedata.category(chr(cp))
-        inside = category == name or (len(name) == 1 and category[0] == name)
-        if name == "C" and category == "Cn":
-            inside = False  # Go's C is Cc|Cf|Co|Cs: unassigned code points are not in it
-        if inside and start < 0:
-            start = cp
-        elif not inside and start >= 0:
-            ranges.append((start, cp - 1))
-            start = -1
-    if start >= 0:
-        ranges.append((start, sys.maxunicode))
-    return tuple(ranges)
-
-
-@functools.lru_cache(maxsize=1)
-def _orbits() -> tuple[tuple[int, ...], ...]:
-    """Simple case-folding orbits (k, K, U+212A KELVIN SIGN...) of two or more code points."""
-    groups: dict[str, list[int]] = {}
-    for cp in range(sys.maxunicode + 1):
-        if 0xD800 <= cp <= 0xDFFF:
-            continue
-        c = chr(cp)
-        key = c.casefold()
-        if len(key) != 1:
-            key = c.lower()
-            if len(key) != 1:
-                continue
-        groups.setdefault(key, []).append(cp)
-    return tuple(tuple(m) for m in groups.values() if len(m) > 1)
-
-
-def _fold(ranges: _Ranges) -> _Ranges:
-    """Go's folded class: every member of the case orbit of anything in ``ranges``."""
-    ranges = _clean(ranges)
-    starts = [lo for lo, _ in ranges]
-    extra: _Ranges = []
-    for members in _orbits():
-        for m in members:
-            k = bisect.bisect_right(starts, m) - 1
-            if k >= 0 and ranges[k][1] >= m:
-                extra += [(x, x) for x in members]
-                break
-    return _clean(ranges + extra)
-
-
-def _negate(ranges: _Ranges) -> _Ranges:
-    out: _Ranges = []
-    nxt = 0
-    for lo, hi in _clean(ranges):
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = hi + 1
-    if nxt <= _MAX_RUNE:
-        out.append((nxt, _MAX_RUNE))
-    return out
-
-
-def _clean(ranges: _Ranges) -> _Ranges:
-    out: _Ranges = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            if hi > out[-1][1]:
-                out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _class_text(ranges: _Ranges) -> str:
-    ranges = _clean(ranges)
-    if not ranges:
-        return "(?!)"  # matches nothing, as an empty Go class
-    parts = []
-    for lo, hi in ranges:
-        if lo == hi:
-            parts.append(_class_char(lo))
-        else:
-            parts.append(f"{_class_char(lo)}-{_class_char(hi)}")
-    return "[" + "".join(parts) + "]"
-
-
-def _class_char(cp: int) -> str:
-    return _escape_char(min(cp, sys.maxunicode))
-
-
-def _escape_char(cp: int) -> str:
-    if cp < 0x20 or cp == 0x7F or 0xD800 <= cp <= 0xDFFF:
-        return f"\\U{cp:08x}"
-    return re.escape(chr(cp))
 
 
 _FLAG_NAMES: Final = {"i": "fold", "m": "multi", "s": "dot_nl", "U": "ungreedy"}
@@ -345,7 +178,7 @@ class _Parser:
             self.i += 1
             return _Node("(?s:.)" if flags.dot_nl else r"[^\n]")
         if c == "[":
-            return _Node(_class_text(self.char_class(flags)))
+            return _Node(regex_classes.class_text(self.char_class(flags)))
         if c == "\\":
             return self.escape(flags)
         self.i += 1
@@ -353,16 +186,18 @@ class _Parser:
 
     def _literal(self, cp: int, flags: _Flags) -> str:
         if flags.fold:
-            folded = _fold([(cp, cp)])
+            folded = regex_classes.fold([(cp, cp)])
             if folded != [(cp, cp)]:
-                return _class_text(folded)
-        return _escape_char(cp)
+                return regex_classes.class_text(folded)
+        return regex_classes.escape_char(cp)
 
-    def _group(self, sign: int, ranges: _Ranges, flags: _Flags) -> _Ranges:
+    def _group(
+        self, sign: int, ranges: regex_classes.Ranges, flags: _Flags
+    ) -> regex_classes.Ranges:
         # appendGroup: fold the positive class first, then negate, as Go does
         if flags.fold:
-            ranges = _fold(ranges)
-        return ranges if sign > 0 else _negate(ranges)
+            ranges = regex_classes.fold(ranges)
+        return ranges if sign > 0 else regex_classes.negate(ranges)
 
     def group(self, flags: _Flags) -> _Node | None:
         p = self.pattern
@@ -437,11 +272,11 @@ class _Parser:
                 return None
             return _Node("".join(self._literal(ord(ch), flags) for ch in literal))
         if c in "pP":
-            return _Node(_class_text(self.unicode_class(flags)))
-        if c in _PERL:
+            return _Node(regex_classes.class_text(self.unicode_class(flags)))
+        if c in regex_classes.PERL:
             self.i += 2
-            sign, ranges = _PERL[c]
-            return _Node(_class_text(self._group(sign, ranges, flags)))
+            sign, ranges = regex_classes.PERL[c]
+            return _Node(regex_classes.class_text(self._group(sign, ranges, flags)))
         return _Node(self._literal(self.escape_char(), flags))
 
     def escape_char(self) -> int:
@@ -476,7 +311,7 @@ class _Parser:
                         "invalid escape sequence", p[start : end + 1 if end > 0 else len(p)]
                     )
                 value = int(digits, 16)
-                if value > _MAX_RUNE:
+                if value > regex_classes.MAX_RUNE:
                     raise _error("invalid escape sequence", p[start : end + 1])
                 self.i = end + 1
                 return value
@@ -490,7 +325,7 @@ class _Parser:
             return named[c]
         raise _error("invalid escape sequence", p[start : self.i])
 
-    def unicode_class(self, flags: _Flags) -> _Ranges:
+    def unicode_class(self, flags: _Flags) -> regex_classes.Ranges:
         p = self.pattern
         start = self.i
         sign = 1 if p[self.i + 1] == "p" else -1
@@ -509,7 +344,7 @@ class _Parser:
         if name.startswith("^"):
             sign = -sign
             name = name[1:]
-        if name != "Any" and name not in _CATEGORIES:
+        if name != "Any" and name not in regex_classes.CATEGORIES:
             if name.isascii() and name.replace("_", "").isalpha():
                 raise UnsupportedRegex(
                     f"Unicode class \\p{{{name}}} in regular expression {self.pattern!r} is not "
@@ -517,9 +352,9 @@ class _Parser:
                     "\\p{Lu})"
                 )
             raise _error("invalid character class range", p[start : self.i])
-        return self._group(sign, list(_category_ranges(name)), flags)
+        return self._group(sign, list(regex_classes.category_ranges(name)), flags)
 
-    def char_class(self, flags: _Flags) -> _Ranges:
+    def char_class(self, flags: _Flags) -> regex_classes.Ranges:
         p = self.pattern
         start = self.i
         self.i += 1
@@ -527,7 +362,7 @@ class _Parser:
         if self.i < len(p) and p[self.i] == "^":
             negated = True
             self.i += 1
-        ranges: _Ranges = []
+        ranges: regex_classes.Ranges = []
         first = True
         while self.i >= len(p) or p[self.i] != "]" or first:
             if self.i >= len(p):
@@ -538,7 +373,7 @@ class _Parser:
                 if end >= 0:
                     name = p[self.i + 2 : end]
                     negate = name.startswith("^")
-                    group = _POSIX.get(name[1:] if negate else name)
+                    group = regex_classes.POSIX.get(name[1:] if negate else name)
                     if group is None:
                         raise _error("invalid character class range", p[self.i : end + 2])
                     ranges += self._group(-1 if negate else 1, group, flags)
@@ -547,8 +382,8 @@ class _Parser:
             if p.startswith("\\p", self.i) or p.startswith("\\P", self.i):
                 ranges += self.unicode_class(flags)
                 continue
-            if p[self.i] == "\\" and self.i + 1 < len(p) and p[self.i + 1] in _PERL:
-                sign, group = _PERL[p[self.i + 1]]
+            if p[self.i] == "\\" and self.i + 1 < len(p) and p[self.i + 1] in regex_classes.PERL:
+                sign, group = regex_classes.PERL[p[self.i + 1]]
                 ranges += self._group(sign, group, flags)
                 self.i += 2
                 continue
@@ -560,9 +395,9 @@ class _Parser:
                 hi = self.class_char(start)
                 if hi < lo:
                     raise _error("invalid character class range", p[range_start - 1 : self.i])
-            ranges += _fold([(lo, hi)]) if flags.fold else [(lo, hi)]
+            ranges += regex_classes.fold([(lo, hi)]) if flags.fold else [(lo, hi)]
         self.i += 1
-        return _negate(ranges) if negated else _clean(ranges)
+        return regex_classes.negate(ranges) if negated else regex_classes.clean(ranges)
 
     def class_char(self, start: int) -> int:
         p = self.pattern

@@ -1,0 +1,50 @@
+"""The built tools tests run, each from where the repository builds it, for marked tests only.
+
+helm and the control plane binaries: ``make kubebins`` (``dra_gpu.testing.default_bin_dir``).
+promtool (and prometheus): Debian's package, unpacked by ``hack/build-prometheus.sh``. The
+oracles (celref, nvmlref) and the node's containerd and images: their ``hack/build-*.sh``,
+which build into the cache, or find the build there, and print its path on the last line.
+
+Owns: locating a tool (an explicit directory from the environment first, else its build
+script) and asking ``lanes.require`` before handing it out.
+Must not: decide which tests may run (``lanes``), or run the tools.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from dra_gpu.testing import default_bin_dir
+from tests.support import lanes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def built(script: str, variable: str | None = None, *, timeout: float | None = None) -> Path:
+    """What ``hack/<script>`` builds (or finds in the cache): the path on its last line, or the
+    directory the environment variable ``variable`` names."""
+    lanes.require(f"the build of hack/{script}")
+    if variable and (explicit := os.environ.get(variable)):
+        return Path(explicit)
+    result = subprocess.run(
+        [str(ROOT / "hack" / script)], capture_output=True, text=True, check=False, timeout=timeout
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"hack/{script} failed:\n{result.stderr[-3000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def prometheus_bin() -> Path:
+    """The directory of prometheus and promtool (``hack/build-prometheus.sh``, or
+    ``DRA_GPU_PROMETHEUS_DIR``)."""
+    return built("build-prometheus.sh", "DRA_GPU_PROMETHEUS_DIR") / "bin"
+
+
+def helm() -> Path:
+    """The helm that ``make kubebins`` builds for the pinned Kubernetes version."""
+    lanes.require("helm")
+    path = default_bin_dir() / "helm"
+    assert path.exists(), f"{path} is missing: build it with `make kubebins`"
+    return path
