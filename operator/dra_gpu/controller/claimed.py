@@ -111,7 +111,7 @@ class HolderIndex:
         self._entries: dict[DeviceKey, dict[Hashable, tuple[Any, ...]]] = {}
         self._devices: dict[Hashable, tuple[DeviceKey, ...]] = {}
         self._names: collections.Counter[str] = collections.Counter()
-        self._uids: collections.Counter[str] = collections.Counter()
+        self._uids: collections.Counter[bodies.ClaimUID] = collections.Counter()
         self._owners: dict[DeviceKey, tuple[str, ...]] = {}
         self._taken: dict[DeviceKey, int] = {}
         self._consumed: dict[DeviceKey, Mapping[str, Amount]] = {}
@@ -195,11 +195,11 @@ class HolderIndex:
             found = self._consumed[key] = add_consumed(self.holds_of(key))
         return found
 
-    def involves(self, name: str, uid: str) -> bool:
+    def involves(self, name: str, uid: bodies.ClaimUID) -> bool:
         """Whether the claim ``name`` (``ns/name``) or one with ``uid`` holds anything."""
         return self._names[name] > 0 or bool(uid and self._uids[uid] > 0)
 
-    def owners_excluding(self, key: DeviceKey, name: str, uid: str) -> tuple[str, ...]:
+    def owners_excluding(self, key: DeviceKey, name: str, uid: bodies.ClaimUID) -> tuple[str, ...]:
         """``owners`` without the claim looking at its own chances, as ``holders(exclude=)``."""
         return tuple(
             sorted(

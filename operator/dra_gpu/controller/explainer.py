@@ -88,7 +88,7 @@ class _Done:
 
     key: str
     inputs: tuple[Any, ...]
-    uid: str
+    uid: bodies.ClaimUID
     claim: dict[str, Any]
     waiting: list[dict[str, Any]]
     result: explain.Explanation | None
@@ -343,7 +343,7 @@ class Explainer:
         self._note_prepared()
         # Claims still pending and ours, whether explained now or before; and those not reached.
         keep = {d.uid for d in self._done.values() if d.result is not None}
-        keep |= {str(view.claims[entry.key]["metadata"].get("uid", "")) for entry in left}
+        keep |= {bodies.claim_uid(view.claims[entry.key]) for entry in left}
         self.reporter.keep_only(keep)
         self._wake_lanes()
 
@@ -449,7 +449,7 @@ class Explainer:
 
     def _explain(self, key: str, waiting: list[dict[str, Any]], inputs: tuple[Any, ...]) -> _Done:
         claim = self.view.claims[key]
-        uid = str(claim["metadata"].get("uid", ""))
+        uid = bodies.claim_uid(claim)
         failure = inputs[2] if isinstance(inputs[2], kubelet.PrepareFailure) else None
         if failure is not None:  # the driver's part: only the claim's own pools are read
             pools = {published.result_key(r)[:2] for r in bodies.allocation_results(claim)}

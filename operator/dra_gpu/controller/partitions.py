@@ -47,6 +47,7 @@ from dra_gpu.controller.published import (
     amount,
 )
 from dra_gpu.devices.model import format_bytes
+from dra_gpu.resource import bodies
 
 PoolKey = tuple[str, str]
 HOLDER_LIMIT = 3
@@ -187,7 +188,7 @@ class Excluded(NamedTuple):
 
     owner: str
     """``ns/name``."""
-    uid: str
+    uid: bodies.ClaimUID
 
 
 class Usage:
@@ -216,7 +217,7 @@ class Usage:
             self._kept.pop(key, None)
             self._fits.pop(key, None)
 
-    def excluding(self, name: str, uid: str) -> Usage:
+    def excluding(self, name: str, uid: bodies.ClaimUID) -> Usage:
         return Usage(self.holders, self.pools, Excluded(name, uid))
 
     # ---- holders, with or without the excluded claim ------------------------------------

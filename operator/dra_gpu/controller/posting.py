@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from dra_gpu import kube
 from dra_gpu.kube import events
+from dra_gpu.resource import bodies
 from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,9 @@ class Reporter:
         self.api = api
         self.host = host
         self.recorder = events.Recorder(api, COMPONENT, host)
-        self._posted: dict[str, str] = {}  # claim uid -> message last posted
+        self._posted: dict[bodies.ClaimUID, str] = {}  # -> the message last posted
 
-    def keep_only(self, claim_uids: set[str]) -> None:
+    def keep_only(self, claim_uids: set[bodies.ClaimUID]) -> None:
         """Forget claims no longer pending: if one is pending again, it is explained anew."""
         for uid in set(self._posted) - claim_uids:
             del self._posted[uid]
@@ -45,7 +46,7 @@ class Reporter:
     ) -> bool:
         """Post ``message`` unless it is what was last posted for this claim (``type_``
         Normal: an all-clear, e.g. the claim was prepared after all)."""
-        uid = claim["metadata"]["uid"]
+        uid = bodies.claim_uid(claim)
         if self._posted.get(uid) == message:
             return False
         if uid not in self._posted and await self._last_message(claim) == message:

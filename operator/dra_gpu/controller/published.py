@@ -101,7 +101,7 @@ class Capacity:
 
 
 @dataclasses.dataclass(frozen=True)
-class CounterSet:
+class PublishedCounterSet:
     """One of a pool's ``sharedCounters``: a physical thing that devices consume parts of."""
 
     name: str
@@ -216,7 +216,7 @@ class Pool:
     counts: tuple[int, ...]
     """``resourceSliceCount`` of each slice at that generation."""
     devices: tuple[PublishedDevice, ...]
-    counter_sets: Mapping[str, CounterSet] = dataclasses.field(default_factory=dict)
+    counter_sets: Mapping[str, PublishedCounterSet] = dataclasses.field(default_factory=dict)
     """The ``sharedCounters`` of its slices at that generation, by name."""
 
     @functools.cached_property
@@ -321,7 +321,7 @@ def read_pool(driver: str, pool: str, slices: Sequence[Body]) -> Pool:
         for d in s.get("devices") or []
     )
     counts = tuple(_pool_field(s, "resourceSliceCount", 1) for s in current)
-    counter_sets: dict[str, CounterSet] = {}
+    counter_sets: dict[str, PublishedCounterSet] = {}
     for s in current:
         for raw in s.get("sharedCounters") or ():
             if not isinstance(raw, Mapping) or not isinstance(raw.get("counters"), Mapping):
@@ -332,7 +332,9 @@ def read_pool(driver: str, pool: str, slices: Sequence[Body]) -> Pool:
                 for counter, body in raw["counters"].items()
                 if isinstance(body, Mapping) and (value := amount(body.get("value"))) is not None
             }
-            counter_sets.setdefault(name, CounterSet(name, s.get("nodeName") or None, counters))
+            counter_sets.setdefault(
+                name, PublishedCounterSet(name, s.get("nodeName") or None, counters)
+            )
     return Pool(driver, pool, generation, counts, devices, counter_sets)
 
 

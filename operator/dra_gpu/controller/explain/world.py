@@ -25,7 +25,7 @@ from dra_gpu.controller import claimed, partitions, published, selections
 from dra_gpu.controller.explain import node_filters, results
 from dra_gpu.controller.published import DeviceKey
 from dra_gpu.controller.selections import ListKey, Outcome, Selections
-from dra_gpu.resource import names
+from dra_gpu.resource import bodies, names
 
 Body = Mapping[str, Any]
 
@@ -204,9 +204,7 @@ class World:
 
     def scope(self, claim: Body, pod: Body | None, *, detail: bool) -> Scope:
         """What one claim's check reads: holders other than the claim, the pod's exclusions."""
-        meta = claim.get("metadata") or {}
-        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        uid = str(meta.get("uid") or "")
+        name, uid = claimed.owner(claim), bodies.claim_uid(claim)
         signature = _pod_signature(pod)
         exclusions = self._exclusions.get(signature)
         if exclusions is None:

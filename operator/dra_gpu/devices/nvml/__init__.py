@@ -15,13 +15,13 @@ driver can import this package and run the simulated backend. Its parts, each ov
 """
 
 from dra_gpu.devices.nvml.backend import NvmlBackend, cuda_version, pci_bus_id
-from dra_gpu.devices.nvml.session import NvmlApi, NvmlCallFailed
-from dra_gpu.devices.nvml.watch import (
+from dra_gpu.devices.nvml.health_watch import (
     EVENT_WAIT_MS,
     MAX_QUEUED_FAULTS,
     NO_INSTANCE,
     WATCH_RESTART_SECONDS,
 )
+from dra_gpu.devices.nvml.session import NvmlApi, NvmlCallFailed
 
 __all__ = [
     "EVENT_WAIT_MS",

@@ -6,9 +6,9 @@ run in a worker thread and never on the event loop that answers the kubelet. An 
 is never turned into "no GPUs": it raises ``InventoryError`` naming the call and the GPU, because
 an empty inventory would publish an empty pool and the user would only see "cannot allocate".
 "Not supported" is an answer, not a failure, for the few properties that are optional. A lost
-GPU (``nvml.watch``) is published as it was last read well, so its taint reaches the slice and
-the other GPUs keep being published; a GPU in MIG mode is published as its partitions
-(``nvml.instances``).
+GPU (``nvml.health_watch``) is published as it was last read well, so its taint reaches the
+slice and the other GPUs keep being published; a GPU in MIG mode is published as its
+partitions (``nvml.instances``).
 
 Sharing: the GPUs the agent's ``--shared-gpus`` setting names (``devices.sharing``) are offered
 to several claims at once, each with a memory share, exactly as a simulated GPU with ``sharing``
@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dra_gpu.devices import edits, health, mig, model, nvml_cdi, pci, sharing
-from dra_gpu.devices.nvml import session, watch
+from dra_gpu.devices.nvml import health_watch, session
 
 _T = TypeVar("_T")
 
@@ -78,12 +78,12 @@ _ARCHITECTURES = {
 _BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 
-class NvmlBackend(watch.HealthWatch):
+class NvmlBackend(health_watch.HealthWatch):
     """Reads the node's GPUs; use ``async with`` or call ``aclose()`` to shut NVML down.
 
     NVML is initialised once, on the first ``inventory()``; a failed initialisation is retried
     on the next call. GPUs are named ``gpu-<NVML index>``. One class in four parts, each over the
-    next: this one reads and shares the GPUs, ``watch.HealthWatch`` their faults,
+    next: this one reads and shares the GPUs, ``health_watch.HealthWatch`` their faults,
     ``instances.MigManagement`` their MIG instances, ``session.Session`` the NVML calls.
     """
 
@@ -231,7 +231,7 @@ class NvmlBackend(watch.HealthWatch):
             if known.table is not None:
                 tables[known.device.name] = known.table
             return known.device
-        self._known[index] = watch.Reading(device, tables.get(device.name))
+        self._known[index] = health_watch.Reading(device, tables.get(device.name))
         return device
 
     def _read_gpu(

@@ -7,7 +7,7 @@ call runs under (overlapping calls come from different threads), the call wrappe
 an NVML error into ``NvmlCallFailed`` and "not supported" into None where a property is
 optional, and the node's log lines said once. Every method here blocks: callers run them in a
 worker thread. Must not: read or publish devices (``nvml.backend``), watch health
-(``nvml.watch``) or manage MIG instances (``nvml.instances``).
+(``nvml.health_watch``) or manage MIG instances (``nvml.instances``).
 """
 
 from __future__ import annotations
