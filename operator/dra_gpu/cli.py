@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from pythonjsonlogger.json import JsonFormatter
+
 import dra_gpu
 from dra_gpu import config
 from dra_gpu.agent import failpoints
@@ -69,11 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _give_a_home()
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _configure_logging(args.log_level, args.log_format)
     if args.command is None:
         parser.print_help()
         return ExitCode.OK
@@ -86,6 +84,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             if (code := _exit_code(leaf)) is not None:
                 return _fail(args.command, leaf, code, exc)
         raise
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+JSON_FIELDS = ("levelname", "name", "message")
+"""A JSON record's keys beside ``time`` (RFC 3339, UTC), renamed ``level``, ``logger``,
+``message``; the fields a call passes with ``extra=`` (an object's ``namespace``, ``name``,
+``uid``) are keys beside them."""
+
+
+def _configure_logging(level: str, log_format: str) -> None:
+    """Every record to stderr, one line each: text for people, or JSON for log pipelines
+    (python-json-logger; a traceback goes into the object's ``exc_info``, not onto new lines)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(
+            JsonFormatter(
+                JSON_FIELDS,
+                rename_fields={"levelname": "level", "name": "logger"},
+                timestamp="time",
+                json_ensure_ascii=False,
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def _give_a_home() -> None:

@@ -12,6 +12,7 @@ import enum
 from typing import NoReturn
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 
 class ExitCode(enum.IntEnum):
@@ -47,4 +48,11 @@ class OneLineParser(argparse.ArgumentParser):
             type=str.upper,
             choices=LOG_LEVELS,
             help="DEBUG (also prints the traceback of a failure), INFO, WARNING or ERROR",
+        )
+        self.add_argument(
+            "--log-format",
+            default="text",
+            choices=LOG_FORMATS,
+            help="text (one line a record, for people) or json (one JSON object a line, for "
+            "log pipelines: time, level, logger, message and the record's fields)",
         )

@@ -87,7 +87,13 @@ def test_controller_environment_is_valid_controller_settings() -> None:
     assert settings.identity == "pod-x"
     assert (settings.metrics_port, settings.health_port) == (9400, 9401)
     assert controller["spec"]["replicas"] == 2
-    assert container(controller)["args"] == ["--log-level", "INFO", "controller"]
+    assert container(controller)["args"] == [
+        "--log-level", "INFO", "--log-format", "text", "controller"
+    ]  # fmt: skip
+    json_logs = render("--set", "logFormat=json")
+    for kind, command in (("Deployment", "controller"), ("DaemonSet", "agent")):
+        args = container(find(json_logs, kind))["args"]
+        assert args[args.index("--log-format") + 1 :] == ["json", command], kind
 
 
 def test_full_values_reach_the_settings() -> None:

@@ -157,7 +157,7 @@ async def test_the_later_agent_keeps_the_pool_the_other_backs_off_and_takes_over
     assert any(f"another agent, {two}" in n and "this agent backs off" in n for n in notes)
     assert any(f"another agent, {one}" in n and "keeps publishing" in n for n in notes)
     assert metric(first, "dra_gpu_slice_pool_yielding") == 1.0
-    assert metric(first, f'dra_gpu_slice_pool_other_writer{{instance="{one}",other="{two}"}}') == 1
+    assert metric(first, f'dra_gpu_slice_pool_other_writer{{agent="{one}",other="{two}"}}') == 1
     assert metric(first, "dra_gpu_slice_pool_conflicts_total") >= 1
     assert metric(second, "dra_gpu_slice_pool_yielding") == 0.0
 

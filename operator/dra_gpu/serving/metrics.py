@@ -2,17 +2,49 @@
 
 Names follow the conventions: prefix ``dra_gpu_``, base units, counters end in ``_total``.
 Labels stay bounded (result, node, class — never a claim or a pod), and the series of every
-known label value exist from the start, so dashboards show zeros instead of gaps.
+known label value exist from the start, so dashboards show zeros instead of gaps. No label is
+called ``instance`` or ``job``: a scrape sets those, and would rename ours ``exported_*``.
+
+Each registry also carries what Prometheus' client libraries export by default — the
+process's ``process_*`` (resident memory, CPU, open files) and ``python_*`` collectors — and
+``dra_gpu_build_info``; counters and histograms carry no ``_created`` series (one more series
+each, which nothing here queries).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+
+import prometheus_client
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+import dra_gpu
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 AGENT = CollectorRegistry()
 """What ``dra-gpu agent`` serves on ``/metrics``."""
 CONTROLLER = CollectorRegistry()
 """What ``dra-gpu controller`` serves on ``/metrics``."""
+
+for _registry in (AGENT, CONTROLLER):
+    ProcessCollector(registry=_registry)
+    PlatformCollector(registry=_registry)
+    _registry.register(GC_COLLECTOR)
+    Gauge(
+        "dra_gpu_build_info",
+        "1, labelled with the running dra-gpu version and the Python it runs on.",
+        ["version", "python_version"],
+        registry=_registry,
+    ).labels(dra_gpu.__version__, platform.python_version()).set(1)
 
 RESULTS = ("success", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
@@ -93,9 +125,9 @@ SLICE_POOL_YIELDING = Gauge(
 )
 SLICE_POOL_OTHER_WRITER = Gauge(
     "dra_gpu_slice_pool_other_writer",
-    "1 for the other agent last found writing this agent's pool (instance: this agent, other: "
+    "1 for the other agent last found writing this agent's pool (agent: this agent, other: "
     "that one, or 'unnamed'); no series without a conflict in the last 5 minutes.",
-    ["instance", "other"],
+    ["agent", "other"],
     registry=AGENT,
 )
 MIG_MANAGEMENT = Gauge(

@@ -7,6 +7,8 @@ the traceback only with ``--log-level DEBUG``. The controller waits for its API 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import os
 import shutil
 import signal
@@ -193,9 +195,10 @@ def test_a_bad_value_in_an_env_twin_names_the_variable(tmp_path: Path) -> None:
         (["explain"], "dra-gpu explain", "the following arguments are required: target"),
         (["explain", "claim-x"], "dra-gpu explain", "'claim-x': expected pod/NAME or"),
         (["--log-level", "loud", "agent"], "dra-gpu", "argument --log-level: invalid choice"),
+        (["--log-format", "xml", "agent"], "dra-gpu", "argument --log-format: invalid choice"),
         (["agent", "--node"], "dra-gpu agent", "argument --node-name: expected one argument"),
     ],
-    ids=["no-target", "bad-target", "bad-log-level", "flag-without-value"],
+    ids=["no-target", "bad-target", "bad-log-level", "bad-log-format", "flag-without-value"],
 )
 def test_usage_errors_are_one_line_and_exit_2(
     tmp_path: Path, argv: list[str], prefix: str, says: str
@@ -226,6 +229,22 @@ def test_debug_log_level_adds_the_traceback_before_the_line(
     assert result.returncode == ExitCode.UNREACHABLE
     assert "Traceback (most recent call last)" in result.stderr
     assert result.stderr.splitlines()[-1].startswith("dra-gpu explain: the API server at")
+
+
+def test_json_logs_are_one_object_a_line_with_the_traceback_inside(
+    tmp_path: Path, closed_port: int
+) -> None:
+    config = kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{closed_port}")
+    argv = ("--log-level", "DEBUG", "--log-format", "json", "explain", "pod/x")
+    result = run(tmp_path, *argv, "--kubeconfig", str(config))
+    assert result.returncode == ExitCode.UNREACHABLE
+    *records, last = result.stderr.splitlines()
+    assert last.startswith("dra-gpu explain: the API server at")  # the verdict stays a line
+    parsed = [json.loads(line) for line in records]  # every other line is one JSON object
+    failure = next(r for r in parsed if r["message"] == "the failure in full:")
+    assert (failure["level"], failure["logger"]) == ("DEBUG", "dra_gpu")
+    assert "Traceback (most recent call last)" in failure["exc_info"]
+    assert datetime.datetime.fromisoformat(failure["time"]).utcoffset() == datetime.timedelta(0)
 
 
 def readyz(port: int) -> tuple[int, str] | None:
