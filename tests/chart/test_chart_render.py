@@ -31,6 +31,7 @@ def settings_from_env(settings_type: type[Any], env: dict[str, str]) -> Any:
 
 
 DOWNWARD = {"spec.nodeName": "node-01", "metadata.namespace": "dra", "metadata.name": "pod-x"}
+TUTORIAL = CHART / "profiles" / "tutorial.yaml"
 
 
 def test_helm_lint_passes_with_default_and_full_values() -> None:
@@ -77,6 +78,26 @@ def test_agent_environment_is_valid_agent_settings() -> None:
     profile_text = find(docs, "ConfigMap", "-profile")["data"]["profile.yaml"]
     profile = simulated.parse_profile(profile_text, "chart default profile")
     assert profile is not None
+    assert yaml.safe_load(profile_text) == yaml.safe_load(TUTORIAL.read_text())
+
+
+def test_a_users_profile_replaces_the_tutorials_whole() -> None:
+    # Only node-02: node-01's tutorial GPUs must not be merged in (a node not listed publishes
+    # an empty pool), and the agents roll when the profile changes.
+    mine = render("--set", "agent.profile.nodes.node-02.devices[0].name=gpu-0",
+                  "--set", "agent.profile.nodes.node-02.devices[0].memory=80Gi")  # fmt: skip
+    text = find(mine, "ConfigMap", "-profile")["data"]["profile.yaml"]
+    assert yaml.safe_load(text) == {
+        "nodes": {"node-02": {"devices": [{"name": "gpu-0", "memory": "80Gi"}]}}
+    }
+    profile = simulated.parse_profile(text, "a user's profile")
+    assert profile is not None
+    checksum = "checksum/profile"
+    annotations = [
+        find(d, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+        for d in (render(), mine)
+    ]
+    assert annotations[0][checksum] != annotations[1][checksum]
 
 
 def test_controller_environment_is_valid_controller_settings() -> None:
@@ -339,3 +360,32 @@ def test_bad_values_are_refused_naming_the_key(
     done = helm("template", "rel", str(CHART), "--values", str(bad))
     assert done.returncode != 0
     assert named in done.stderr, done.stderr
+
+
+def test_nvml_agents_run_only_on_nodes_labelled_as_gpu_nodes_unless_told_otherwise() -> None:
+    def affinity(*args: str) -> Any:
+        agent = find(render("--set", "agent.backend=nvml", *args), "DaemonSet")
+        return agent["spec"]["template"]["spec"].get("affinity")
+
+    terms = affinity()["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    labels = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
+    # Either label will do: one term each (terms are ORed, expressions in a term ANDed).
+    assert labels == {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
+    assert all(len(t["matchExpressions"]) == 1 for t in terms["nodeSelectorTerms"])
+    assert affinity("--set", "agent.nvml.gpuNodeAffinity=false") is None
+    own = affinity("--set", "agent.affinity.podAntiAffinity.x=y")
+    assert own == {"podAntiAffinity": {"x": "y"}}  # the user's affinity replaces ours
+    simulated_agent = find(render(), "DaemonSet")["spec"]["template"]["spec"]
+    assert "affinity" not in simulated_agent  # simulated GPUs live on any node
+
+
+def test_a_quota_for_the_critical_priority_classes_only_when_asked_for() -> None:
+    assert not [d for d in render() if d["kind"] == "ResourceQuota"]
+    docs = render("--set", "priorityQuota.enabled=true", "--set", "priorityQuota.pods=50")
+    quota = find(docs, "ResourceQuota", "-critical-pods")
+    assert quota["metadata"]["namespace"] == "dra"
+    assert quota["spec"]["hard"] == {"pods": "50"}
+    (scope,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert (scope["scopeName"], scope["operator"]) == ("PriorityClass", "In")
+    agent = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert agent["priorityClassName"] in scope["values"]

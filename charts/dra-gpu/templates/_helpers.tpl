@@ -87,3 +87,15 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/*
+The simulated backend's profile as YAML: agent.profile when given (whole, never merged with the
+tutorial's), else profiles/tutorial.yaml.
+*/}}
+{{- define "dra-gpu.profile" -}}
+{{- if .Values.agent.profile -}}
+{{- toYaml .Values.agent.profile -}}
+{{- else -}}
+{{- .Files.Get "profiles/tutorial.yaml" | trim -}}
+{{- end -}}
+{{- end -}}

@@ -64,9 +64,15 @@ async def test_node_absent_from_the_profile_has_no_devices_and_says_so() -> None
     assert (await backend.inventory()) == model.Inventory("node-99", ())
 
 
-def test_the_charts_default_profile_is_the_tutorial_profile() -> None:
+def test_the_charts_default_profile_is_empty_so_that_a_users_profile_replaces_the_tutorials() -> (
+    None
+):
+    # Helm merges a user's map into the default one: a default with nodes would leak the
+    # tutorial's GPUs into every user's inventory. The chart renders profiles/tutorial.yaml
+    # when the value is empty (tests/chart/test_chart_render.py).
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["agent"]["profile"] == yaml.safe_load((PROFILES / "tutorial.yaml").read_text())
+    assert values["agent"]["profile"] == {}
+    assert simulated.parse_profile((PROFILES / "tutorial.yaml").read_text(), "tutorial") is not None
 
 
 def test_large_profile_has_20_nodes_of_8_gpus_of_mixed_sizes() -> None:
