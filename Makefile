@@ -17,7 +17,7 @@ help:
 	@echo "make run           local control plane + 3 real nodes, the tutorial end to end, then helm install"
 	@echo "make test          lint and the whole pytest suite, every lane (what CI runs)"
 	@echo "make unit          the tests that need nothing but the venv (no Go, no build cache)"
-	@echo "make binaries      the tests that need built tools (helm, promtool, the Go oracles)"
+	@echo "make binaries      the tests that need built tools (helm, promtool, the Go oracles, crane, images)"
 	@echo "make e2e           the tests on the real control plane and real nodes (marker cluster)"
 	@echo "make lint          ruff, mypy --strict, the import contracts (.pre-commit-config.yaml too)"
 	@echo "make matrix        the e2e suite against Kubernetes 1.35.4, 1.36.3 and 1.37.2 (long)"
@@ -77,7 +77,7 @@ test: lint kubebins nodebins images prometheus
 unit: venv
 	$(BIN)/pytest -m "not binaries and not cluster"
 
-binaries: venv kubebins prometheus
+binaries: venv kubebins images prometheus
 	$(BIN)/pytest -m "binaries and not cluster"
 
 e2e: venv kubebins nodebins images prometheus
