@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds one of the Go tools the tests run (the upstream oracles; crane), the committed wrapper
-# module hack/<name>, into a cache outside the repository: build-oracle.sh NAME [cgo]. Prints
-# the binary's path on the last line of stdout; logs go to stderr. Reuses the cache while its stamp (the module's go.mod,
-# go.sum and main.go) matches; a re-run with a matching stamp returns at once. `cgo` builds
-# with the C compiler (go-nvml's bindings need it); otherwise CGO_ENABLED=0.
+# module hack/<name>, into a cache outside the repository: build-oracle.sh NAME [cgo]. Prints the
+# binary's path on the last line of stdout; logs go to stderr. Reuses the cache while its stamp (the
+# module's go.mod, go.sum and main.go) matches; a re-run with a matching stamp returns at once.
+# `cgo` builds with the C compiler (go-nvml's bindings need it); otherwise CGO_ENABLED=0.
 # Used by build-celref.sh and build-nvmlref.sh, which say what each oracle is.
 set -euo pipefail
 
