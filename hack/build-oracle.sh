@@ -4,7 +4,7 @@
 # binary's path on the last line of stdout; logs go to stderr. Reuses the cache while its stamp (the
 # module's go.mod, go.sum and main.go) matches; a re-run with a matching stamp returns at once.
 # `cgo` builds with the C compiler (go-nvml's bindings need it); otherwise CGO_ENABLED=0.
-# Used by build-celref.sh and build-nvmlref.sh, which say what each oracle is.
+# Used by build-celref.sh, build-nvmlref.sh and build-crane.sh, which say what each tool is.
 set -euo pipefail
 
 NAME="$1"
