@@ -5,7 +5,8 @@ beneath are its parts, from the top: ``events`` (Event posting), ``client`` (``K
 verbs, reaching the server), ``watch`` (list, then watch) and ``kubeconfig`` (where to connect
 and as whom), ``tokens`` (the ``Authorization`` header's three sources) and ``tls`` (the TLS
 context), ``errors`` (how it fails, in words), ``auth`` (kubeconfig fields read into
-credentials, pure) and ``transport`` (h11 connections).
+credentials, pure), ``transport`` (h11 connections, through an HTTP proxy if need be) and
+``proxies`` (which proxy, as Go's ``ProxyFromEnvironment`` decides, pure).
 """
 
 from dra_gpu.kube.auth import IN_CLUSTER

@@ -1,10 +1,11 @@
 """Kubeconfig files and the in-cluster service account, read into ``Credentials``: pure logic.
 
 Parsed YAML in (each file's mapping, with its path), ``Credentials`` out: where the API server
-is, how to trust it and who we are. Nothing here opens a file, a socket or a process:
-``kubeconfig`` reads the files, checks that the files named in them exist and turns ``Invalid``
-into a ``kube.ConfigError`` that also says where the kubeconfig's name came from; ``tls`` builds
-the TLS context, ``tokens`` re-reads a token file as the kubelet rotates it.
+is, how to trust it, who we are, the context's namespace and the cluster's ``proxy-url``, for
+the current context or the one asked for (``--context``). Nothing here opens a file, a socket or
+a process: ``kubeconfig`` reads the files, checks that the files named in them exist and turns
+``Invalid`` into a ``kube.ConfigError`` that also says where the kubeconfig's name came from;
+``tls`` builds the TLS context, ``tokens`` re-reads a token file as the kubelet rotates it.
 
 Several files (``KUBECONFIG=a:b``) merge as kubectl merges them: the first file that names a
 cluster, user or context, or sets ``current-context``, wins. A relative path is relative to the
@@ -37,6 +38,14 @@ class Invalid(ValueError):
 
 class NoCurrentContext(Invalid):
     """No file sets ``current-context``."""
+
+
+class NoSuchContext(Invalid):
+    """The context asked for (``--context``) is in no file."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name, self.known = name, list(known)
+        super().__init__(f"no context {name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +81,13 @@ class Credentials:
     delegated: str | None = None
     """``exec`` or ``auth-provider NAME``: the token comes from kubernetes-asyncio's loader."""
     context: str = ""
+    namespace: str | None = None
+    """The context's namespace (kubectl's ``-n`` by default); None: not set."""
+    proxy_url: str | None = None
+    """The cluster's ``proxy-url``, checked by ``proxies.check``."""
+    proxy_field: str = ""
+    """Where ``proxy_url`` came from, for messages: ``clusters[name=c].cluster.proxy-url in
+    FILE``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +101,12 @@ class _Entry:
     """``users[name=me].user``"""
 
 
-def from_kubeconfig(files: Sequence[tuple[Path, Any]], *, paths: str = "") -> Credentials:
-    """The credentials of the current context of ``files`` (each: its path, its parsed YAML),
-    merged as kubectl merges them. ``paths`` names the files in ``origin`` (``KUBECONFIG`` as
-    given); by default, the files joined by ``:``."""
+def from_kubeconfig(
+    files: Sequence[tuple[Path, Any]], *, paths: str = "", context: str | None = None
+) -> Credentials:
+    """The credentials of ``context`` (by default, the current context) of ``files`` (each:
+    its path, its parsed YAML), merged as kubectl merges them. ``paths`` names the files in
+    ``origin`` (``KUBECONFIG`` as given); by default, the files joined by ``:``."""
     paths = paths or ":".join(str(path) for path, _ in files)
     sections: dict[str, dict[str, _Entry]] = {"clusters": {}, "users": {}, "contexts": {}}
     current: tuple[str, Path] | None = None
@@ -103,25 +121,34 @@ def from_kubeconfig(files: Sequence[tuple[Path, Any]], *, paths: str = "") -> Cr
             if not isinstance(name, str):
                 raise Invalid(f"current-context in {path} is {name!r}: expected a name")
             current = (name, path)
-    if current is None:
+    if context is not None:
+        if context not in sections["contexts"]:
+            raise NoSuchContext(context, sorted(sections["contexts"]))
+        name = context
+        chosen = sections["contexts"][name]
+    elif current is None:
         raise NoCurrentContext("no current-context")
-    name, where = current
-    context = _named(sections, "contexts", name, f"current-context in {where}")
-    cluster_name = context.body.get("cluster")
+    else:
+        name, where = current
+        chosen = _named(sections, "contexts", name, f"current-context in {where}")
+    body, field, file = chosen.body, chosen.field, chosen.file
+    cluster_name = body.get("cluster")
     if not cluster_name or not isinstance(cluster_name, str):
-        raise Invalid(f"{context.field}.cluster in {context.file} is missing: name a cluster")
-    cluster = _named(
-        sections, "clusters", cluster_name, f"{context.field}.cluster in {context.file}"
-    )
-    user_name = context.body.get("user")
+        raise Invalid(f"{field}.cluster in {file} is missing: name a cluster")
+    cluster = _named(sections, "clusters", cluster_name, f"{field}.cluster in {file}")
+    user_name = body.get("user")
     user: _Entry | None = None
     if user_name:
         if not isinstance(user_name, str):
-            raise Invalid(f"{context.field}.user in {context.file} is {user_name!r}: a name")
-        user = _named(sections, "users", user_name, f"{context.field}.user in {context.file}")
+            raise Invalid(f"{field}.user in {file} is {user_name!r}: a name")
+        user = _named(sections, "users", user_name, f"{field}.user in {file}")
+    namespace = body.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str)):
+        raise Invalid(f"{field}.namespace in {file} is {namespace!r}: expected a namespace")
     return Credentials(
         origin=f"kubeconfig {paths}, context {name}",
         context=name,
+        namespace=namespace or None,
         **_cluster(cluster),
         **(_user(user) if user is not None else {}),
     )
@@ -190,11 +217,9 @@ def _cluster(cluster: _Entry) -> dict[str, Any]:
         raise Invalid(f"{field}.server in {file} is missing: the API server's URL")
     if not isinstance(server, str) or not server.startswith(("https://", "http://")):
         raise Invalid(f"{field}.server in {file} is {server!r}: expected an https:// URL")
-    if body.get("proxy-url"):
-        raise Invalid(
-            f"{field}.proxy-url in {file}: dra-gpu connects to the API server directly and "
-            "does not support proxies; remove it, or run where the server is reachable"
-        )
+    proxy = body.get("proxy-url")
+    if proxy is not None and not isinstance(proxy, str):
+        raise Invalid(f"{field}.proxy-url in {file} is {proxy!r}: expected a URL")
     name = body.get("tls-server-name")
     if name is not None and not isinstance(name, str):
         raise Invalid(f"{field}.tls-server-name in {file} is {name!r}: expected a host name")
@@ -203,6 +228,8 @@ def _cluster(cluster: _Entry) -> dict[str, Any]:
         "certificate_authority": _material(cluster, "certificate-authority"),
         "insecure_skip_tls_verify": _flag(cluster, "insecure-skip-tls-verify"),
         "tls_server_name": name or None,
+        "proxy_url": proxy or None,
+        "proxy_field": f"{field}.proxy-url in {file}" if proxy else "",
     }
 
 

@@ -9,8 +9,9 @@ Owns: ``Kube`` and its verbs (``request``, ``get``, ``create``, ``replace``, ``p
 ``delete``; ``send`` for an answer read by its caller), its ``Authorization`` header on every
 request, and reaching the server: ``probe`` and ``wait_until_ready`` (how a long-running
 component starts before its API server does), with ``unreachable`` and ``refused`` saying in
-words why it does not answer or rejects us. ``Kube.watch_once`` and ``Kube.watch_forever``
-are ``watch``'s loop on this client.
+words why it does not answer or rejects us (a 401 is sent once more when refreshing the
+credentials changed them). ``Kube.watch_once`` and ``Kube.watch_forever`` are ``watch``'s loop
+on this client.
 
 Must not: find or read credentials (``Kube.connect`` takes them from ``kubeconfig``) or parse a
 kubeconfig (``auth``).
@@ -69,11 +70,18 @@ class Kube:
         http: transport.Client,
         authorization: tokens.Authorization | None = None,
         origin: str = "",
+        namespace: str = "default",
+        proxy_source: str = "",
     ) -> None:
         self.http = http
         self.authorization: tokens.Authorization = authorization or tokens.Static(None)
         self.origin = origin or "client configuration"
         """Where the server and credentials came from: ``kubeconfig FILE, context NAME``."""
+        self.namespace = namespace
+        """The context's namespace (in a pod, its own), else ``default``: what kubectl's
+        ``-n`` defaults to."""
+        self.proxy_source = proxy_source
+        """Where ``http``'s proxy came from (``HTTPS_PROXY``), for messages."""
 
     @classmethod
     async def connect(
@@ -82,19 +90,29 @@ class Kube:
         *,
         source: str | None = None,
         flag: str = "--kubeconfig",
+        context: str | None = None,
     ) -> Kube:
         """From ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster service account (in a
-        pod), else ``~/.kube/config``. ``source`` says where ``kubeconfig`` came from and
-        ``flag`` how to pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the
-        messages. Raises ``ConfigError``; sends nothing."""
-        loaded = await load_config(kubeconfig, source=source or flag, flag=flag)
+        pod), else ``~/.kube/config``; its ``context`` (kubectl's ``--context``), else its
+        current context. ``source`` says where ``kubeconfig`` came from and ``flag`` how to
+        pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the messages. Through the
+        cluster's ``proxy-url``, else ``HTTPS_PROXY`` unless ``NO_PROXY`` says otherwise, as
+        kubectl. Raises ``ConfigError``; sends nothing."""
+        loaded = await load_config(kubeconfig, source=source or flag, flag=flag, context=context)
         http = transport.Client(
             loaded.credentials.server,
             ssl_context=loaded.ssl_context,
             server_hostname=loaded.credentials.tls_server_name,
             user_agent=f"dra-gpu/{dra_gpu.__version__}",
+            proxy=loaded.proxy.url if loaded.proxy else None,
         )
-        return cls(http, loaded.authorization, loaded.credentials.origin)
+        return cls(
+            http,
+            loaded.authorization,
+            loaded.credentials.origin,
+            loaded.namespace,
+            loaded.proxy.source if loaded.proxy else "",
+        )
 
     @property
     def server(self) -> str:
@@ -122,27 +140,38 @@ class Kube:
         timeouts: transport.Timeout = REQUEST_TIMEOUT,
     ) -> transport.Response:
         """One request; its answer, for the caller to read and release (a watch streams it),
-        or ``ApiError`` for a non-2xx status."""
-        headers = [("Accept", "application/json"), ("Content-Type", content_type)]
-        if (authorization := await self.authorization()) is not None:
-            headers.append(("Authorization", authorization))
+        or ``ApiError`` for a non-2xx status. A 401 refreshes the credentials (an ``exec``
+        plugin runs again, a token file is read again) and, when that changed them, the
+        request is sent once more: the server rejected it before doing anything."""
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         target = f"{path}?{urlencode(params)}" if params else path
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        response = await self.http.request(
-            method, target, headers=headers, body=data, timeouts=timeouts
-        )
-        if not 200 <= response.status <= 299:
+        retried = False
+        while True:
+            headers = [("Accept", "application/json"), ("Content-Type", content_type)]
+            if (authorization := await self.authorization()) is not None:
+                headers.append(("Authorization", authorization))
+            response = await self.http.request(
+                method, target, headers=headers, body=data, timeouts=timeouts
+            )
+            if 200 <= response.status <= 299:
+                return response
             try:
                 text = (await response.read()).decode("utf-8", "replace")
             finally:
                 response.release()
+            if response.status == 401 and not retried:
+                retried = True
+                if await self.authorization.refresh(authorization):
+                    log.info(
+                        "%s %s: 401 Unauthorized; sent again with fresh credentials", method, path
+                    )
+                    continue
             try:
                 decoded: errors.Body | str = json.loads(text)
             except ValueError:
                 decoded = text
             raise errors.ApiError(method, path, response.status, decoded)
-        return response
 
     async def request(
         self, method: str, path: str, **options: Unpack[RequestOptions]
@@ -241,9 +270,11 @@ class Kube:
 
     def unreachable(self, exc: BaseException, timeout: float | None = None) -> errors.Unreachable:
         """The ``Unreachable`` for a request that got no answer, in words."""
-        return errors.Unreachable(
-            self.server, self.origin, _no_answer(exc, timeout, self.http.origin.host)
-        )
+        reason = _no_answer(exc, timeout, self.http.origin.host)
+        if self.http.proxy is not None and not isinstance(exc, transport.ProxyError):
+            via = f" ({self.proxy_source})" if self.proxy_source else ""
+            reason += f" (through the proxy {self.http.proxy}{via})"
+        return errors.Unreachable(self.server, self.origin, reason)
 
     def refused(self, exc: errors.ApiError, needs: str = "") -> errors.Refused:
         """The ``Refused`` for a 401 or 403, saying whose credentials and what to do;

@@ -3,7 +3,7 @@ requests over.
 
 It exists for the node agent's memory: aiohttp (and kubernetes-asyncio's client, built on it)
 costs about 15 MiB resident on every GPU node, h11 under half a MiB. It does what ``kube`` needs
-from one API server and nothing more: no redirects, cookies, proxies or compression.
+from one API server and nothing more: no redirects, cookies or compression.
 
 - One ``Client`` per server: a pool of keep-alive connections, at most ``limit`` at a time
   (further requests wait their turn, first come first served). A connection goes back to the
@@ -14,6 +14,12 @@ from one API server and nothing more: no redirects, cookies, proxies or compress
   moment we reuse it.
 - TLS is the caller's ``ssl.SSLContext`` (CA, client certificate, verification), with
   ``server_hostname`` for a certificate issued to another name than the URL's host.
+- Through an HTTP proxy (``proxy``: ``http://`` or ``https://``, perhaps with ``user:password@``,
+  sent as ``Proxy-Authorization: Basic``) as Go's ``net/http`` goes: to an ``https://`` server,
+  a ``CONNECT host:port`` tunnel and TLS to the server inside it (an ``https://`` proxy is itself
+  reached over TLS, checked with the same context, as Go checks it); to an ``http://`` server,
+  each request in absolute form to the proxy. Which proxy, if any, is the caller's choice
+  (``proxies``).
 - ``Timeout``: connect, the whole request (waiting for a connection and reading the answer
   included), and for a streamed body (a watch) the longest silence between two chunks.
 - A response's body is read by its owner, whole (``read``) or line by line as it arrives
@@ -29,12 +35,14 @@ Every failure to get an answer is an ``OSError``, as Python's own sockets raise 
     ├── ConnectionRefusedError, ...   the connection failed, errno set
     └── HttpError (ConnectionError)
         ├── ConnectionClosed          the server closed the connection before the answer ended
-        └── ProtocolError             the answer is not HTTP/1.1
+        ├── ProtocolError             the answer is not HTTP/1.1
+        └── ProxyError                the proxy did not open the tunnel (its status, in words)
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import dataclasses
@@ -42,7 +50,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import h11
 
@@ -64,6 +72,11 @@ class ConnectionClosed(HttpError):
 
 class ProtocolError(HttpError):
     """What the server sent is not valid HTTP/1.1."""
+
+
+class ProxyError(HttpError):
+    """The proxy did not open a tunnel to the server: it answered ``CONNECT`` with another
+    status than 200, or closed the connection."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +129,41 @@ class Origin:
 
     @property
     def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
+        return self._host if self.port == default else self.authority
+
+    @property
+    def authority(self) -> str:
+        """``host:port``, an IPv6 host in brackets: what ``CONNECT`` asks for."""
+        return f"{self._host}:{self.port}"
+
+    @property
+    def _host(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+
+@dataclasses.dataclass(frozen=True)
+class Proxy:
+    """An HTTP proxy: where it is, and the ``Proxy-Authorization`` its URL's user and password
+    make (Basic, as Go makes it)."""
+
+    origin: Origin
+    authorization: str | None
+
+    @classmethod
+    def parse(cls, url: str) -> Proxy:
+        """``http[s]://[user[:password]@]host[:port]``; ``ValueError`` in words otherwise."""
+        parts = urlsplit(url)
+        origin = Origin.parse(url)
+        authorization = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+        return cls(origin, authorization)
+
+    def __str__(self) -> str:
+        """The URL without its user and password, for messages."""
+        return f"{self.origin.scheme}://{self.origin.authority}"
 
 
 class _Connection:
@@ -273,9 +318,13 @@ class Client:
         limit: int = 100,
         idle_seconds: float = 30.0,
         user_agent: str = "dra-gpu",
+        proxy: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.origin = Origin.parse(self.url)
+        self.proxy = Proxy.parse(proxy) if proxy else None
+        """Every connection goes through this proxy; None: straight to the server."""
+        self._user_agent = user_agent
         if self.origin.scheme == "https" and ssl_context is None:
             ssl_context = ssl.create_default_context()
         self._ssl = ssl_context if self.origin.scheme == "https" else None
@@ -305,9 +354,12 @@ class Client:
         all_headers = [*self._fixed_headers, *headers]
         if body is not None or method in ("POST", "PUT", "PATCH"):
             all_headers.append(("Content-Length", str(len(body or b""))))
-        request = h11.Request(
-            method=method, target=self.origin.prefix + target, headers=all_headers
-        )
+        full_target = self.origin.prefix + target
+        if self.proxy is not None and self.origin.scheme == "http":  # no tunnel: absolute form
+            full_target = f"http://{self.origin.host_header}{full_target}"
+            if self.proxy.authorization is not None:
+                all_headers.append(("Proxy-Authorization", self.proxy.authorization))
+        request = h11.Request(method=method, target=full_target, headers=all_headers)
         fresh = False
         while True:
             connection = await self._acquire(deadline, timeout.connect, fresh=fresh)
@@ -371,9 +423,70 @@ class Client:
             raise
 
     async def _open(self) -> _Connection:
-        """A new connection: each address of the host in turn, then TLS. The first address's
-        error is raised when none connects (errno set, unlike asyncio's combined error)."""
-        origin = self.origin
+        """A new connection: to the server, or through the proxy (a tunnel to an ``https://``
+        server, TLS to the server inside it)."""
+        hostname = self._server_hostname or self.origin.host
+        if self.proxy is None:
+            return _Connection(*await self._dial(self.origin, self._ssl, hostname))
+        proxy = self.proxy.origin
+        proxy_tls = None
+        if proxy.scheme == "https":
+            proxy_tls = self._ssl or ssl.create_default_context()
+        reader, writer = await self._dial(proxy, proxy_tls, proxy.host)
+        try:
+            if self._ssl is not None:
+                await self._tunnel(reader, writer)
+                await writer.start_tls(self._ssl, server_hostname=hostname)
+        except BaseException:
+            writer.close()
+            raise
+        return _Connection(reader, writer)
+
+    async def _tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """``CONNECT host:port`` through the proxy; returns once it answered 200 (Go accepts
+        no other status)."""
+        assert self.proxy is not None
+        proxy, target = self.proxy, self.origin.authority
+        headers = [("Host", target), ("User-Agent", self._user_agent)]
+        if proxy.authorization is not None:
+            headers.append(("Proxy-Authorization", proxy.authorization))
+        http = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        data = http.send(h11.Request(method="CONNECT", target=target, headers=headers)) or b""
+        writer.write(data + (http.send(h11.EndOfMessage()) or b""))
+        await writer.drain()
+        while True:
+            try:
+                event = http.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise ProtocolError(
+                    f"the proxy {proxy}'s answer to CONNECT {target} is not HTTP/1.1: {exc}"
+                ) from None
+            if event is h11.NEED_DATA:
+                received = await reader.read(CHUNK)
+                if not received:
+                    raise ProxyError(
+                        f"the proxy {proxy} closed the connection before answering CONNECT {target}"
+                    )
+                http.receive_data(received)
+            elif isinstance(event, h11.Response):
+                break
+            elif not isinstance(event, h11.InformationalResponse):
+                raise ProtocolError(f"the proxy {proxy} sent {event!r} to CONNECT {target}")
+        if event.status_code != 200:
+            reason = event.reason.decode("latin-1")
+            raise ProxyError(
+                f"the proxy {proxy} answered {event.status_code} {reason} to CONNECT {target}"
+                + (": check the user and password in its URL" if event.status_code == 407 else "")
+            )
+        if http.trailing_data[0]:
+            raise ProtocolError(f"the proxy {proxy} sent data before the tunnel's TLS handshake")
+
+    async def _dial(
+        self, origin: Origin, tls: ssl.SSLContext | None, hostname: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to ``origin``: each address of its host in turn, then ``tls``. The
+        first address's error is raised when none connects (errno set, unlike asyncio's
+        combined error)."""
         loop = asyncio.get_running_loop()
         addresses = await loop.getaddrinfo(
             origin.host, origin.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
@@ -394,14 +507,14 @@ class Client:
             try:
                 reader, writer = await asyncio.open_connection(
                     sock=sock,
-                    ssl=self._ssl,
-                    server_hostname=(self._server_hostname or origin.host) if self._ssl else None,
+                    ssl=tls,
+                    server_hostname=hostname if tls else None,
                     limit=CHUNK,
                 )
             except BaseException:
                 sock.close()
                 raise
-            return _Connection(reader, writer)
+            return reader, writer
         if errors:
             raise errors[0]
         raise OSError(f"{origin.host} has no address")  # getaddrinfo answers at least one

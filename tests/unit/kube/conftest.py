@@ -1,5 +1,6 @@
 """Fixtures of the transport tests: a throwaway PKI made with openssl (a CA, server
-certificates for 127.0.0.1 and for another name, a client certificate), once per session."""
+certificates for 127.0.0.1 and for another name, a client certificate), once per session; no
+proxy variables from the environment that runs the tests (a test sets its own)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ def _issue(directory: Path, name: str, subject: str, extensions: str) -> tuple[P
         *("-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt"),
     )
     return directory / f"{name}.crt", directory / f"{name}.key"
+
+
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "REQUEST_METHOD")
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
 
 
 @pytest.fixture(scope="session")

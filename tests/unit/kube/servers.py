@@ -1,14 +1,16 @@
 """Real servers on loopback for the HTTP client and ``kube``'s transport: each test scripts what
 its server sends, byte for byte (a chunked stream, a connection closed at the wrong moment,
-garbage), over plain TCP or TLS (``Pki``: the certificates of the ``pki`` fixture)."""
+garbage), over plain TCP or TLS (``Pki``: the certificates of the ``pki`` fixture); and a
+real HTTP proxy (``proxying``: ``CONNECT`` tunnels, Basic proxy authentication, its own names)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[object]]
@@ -124,3 +126,76 @@ def chunk(data: bytes) -> bytes:
 
 
 LAST_CHUNK = b"0\r\n\r\n"
+
+
+@dataclasses.dataclass
+class Proxy:
+    server: Server
+    tunnels: list[str] = dataclasses.field(default_factory=list)
+    """The ``host:port`` of every ``CONNECT``, in order."""
+    heads: list[bytes] = dataclasses.field(default_factory=list)
+    """The head of every request the proxy got (``CONNECT`` or a forwarded one)."""
+
+    def url(self, scheme: str = "http", userinfo: str = "") -> str:
+        return f"{scheme}://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.server.port}"
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    writer.close()
+
+
+@contextlib.asynccontextmanager
+async def proxying(
+    *,
+    hosts: Mapping[str, str] | None = None,
+    authorization: str | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> AsyncIterator[Proxy]:
+    """An HTTP proxy on a loopback port, as squid or tinyproxy would be: ``CONNECT host:port``
+    opens a tunnel to that address (``hosts`` is its name resolution: ``api.example.test`` can
+    be 127.0.0.1), ``200 Connection established``, then bytes both ways; with
+    ``authorization``, a request without that ``Proxy-Authorization`` gets 407. A request in
+    absolute form (``GET http://host/path``) is answered by the proxy itself with what it got:
+    ``{"target": ..., "proxy-authorization": ...}``. Over TLS with ``tls``."""
+    names = dict(hosts or {})
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        proxy.heads.append(head)
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _version = lines[0].split(" ")
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _colon, value in (line.partition(":") for line in lines[1:] if line)
+        }
+        if authorization is not None and headers.get("proxy-authorization") != authorization:
+            writer.write(
+                b"HTTP/1.1 407 Proxy Authentication Required\r\n"
+                b'Proxy-Authenticate: Basic realm="test"\r\nContent-Length: 0\r\n\r\n'
+            )
+            return
+        if method != "CONNECT":
+            body = json.dumps(
+                {"target": target, "proxy-authorization": headers.get("proxy-authorization")}
+            ).encode()
+            writer.write(answer(body))
+            await writer.drain()
+            return
+        proxy.tunnels.append(target)
+        host, _, port = target.rpartition(":")
+        host = host.strip("[]")
+        try:
+            up_reader, up_writer = await asyncio.open_connection(names.get(host, host), int(port))
+        except OSError:
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+            return
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+    async with serving(handler, tls=tls) as server:
+        proxy = Proxy(server)
+        yield proxy

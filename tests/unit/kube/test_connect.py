@@ -423,3 +423,63 @@ def test_in_a_pod_without_its_token(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "service account token (automountServiceAccountToken), or pass a kubeconfig with "
         "--kubeconfig"
     )
+
+
+# ---- contexts and namespaces (kubectl's --context and -n) -------------------------------------
+
+
+def two_clusters(path: Path, first: str, second: str) -> Path:
+    """Context ``ctx`` (current) on ``first``; context ``other`` on ``second`` with namespace
+    ``team-a``."""
+    config = json.loads(write_kubeconfig(path, first, user={"token": "t"}).read_text())
+    config["clusters"].append({"name": "c2", "cluster": {"server": second}})
+    config["contexts"].append(
+        {"name": "other", "context": {"cluster": "c2", "user": "u", "namespace": "team-a"}}
+    )
+    path.write_text(json.dumps(config))
+    return path
+
+
+async def test_a_context_asked_for_is_the_one_used_with_its_namespace(tmp_path: Path) -> None:
+    async with serving(lambda r, w, i: echo(server, r, w)) as server:
+        config = two_clusters(tmp_path / "kubeconfig", "http://127.0.0.1:1", server.url())
+        async with await kube.Kube.connect(config, context="other") as api:
+            assert (api.server, api.namespace) == (server.url(), "team-a")
+            assert api.origin == f"kubeconfig {config}, context other"
+            assert (await api.get("/version"))["method"] == "GET"
+        async with await kube.Kube.connect(config) as api:
+            assert (api.server, api.namespace) == ("http://127.0.0.1:1", "default")
+
+
+def test_a_context_that_no_file_has(tmp_path: Path) -> None:
+    config = two_clusters(tmp_path / "kubeconfig", "https://a:6443", "https://b:6443")
+
+    async def connect() -> None:
+        await kube.Kube.connect(config, context="prod")
+
+    with pytest.raises(kube.ConfigError) as raised:
+        asyncio.run(connect())
+    assert str(raised.value) == (
+        f"kubeconfig {config} (from --kubeconfig) has no context prod: its contexts are ctx, "
+        f"other (`kubectl config get-contexts --kubeconfig {config}`)"
+    )
+
+
+async def test_in_a_pod_the_namespace_is_the_pods_own(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ca.crt").write_bytes(pki.ca.read_bytes())
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "namespace").write_text("dra-gpu\n")
+    monkeypatch.setattr(auth, "SERVICE_ACCOUNT_DIR", tmp_path)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    async with await kube.Kube.connect() as api:
+        assert api.namespace == "dra-gpu"
+    monkeypatch.setenv("POD_NAMESPACE", "from-env")
+    async with await kube.Kube.connect() as api:
+        assert api.namespace == "from-env"
+    with pytest.raises(kube.ConfigError, match=r"^context other was asked for, but there is no"):
+        await kube.Kube.connect(context="other")

@@ -144,6 +144,52 @@ def test_a_user_without_credentials_is_anonymous() -> None:
     )
 
 
+def test_the_clusters_proxy_url_is_kept_with_its_field() -> None:
+    found = auth.from_kubeconfig([(A, kubeconfig(cluster={"proxy-url": "http://p:3128"}))])
+    assert found.proxy_url == "http://p:3128"
+    assert found.proxy_field == f"clusters[name=c].cluster.proxy-url in {A}"
+    assert auth.from_kubeconfig([(A, kubeconfig())]).proxy_url is None
+
+
+def two_contexts() -> dict[str, Any]:
+    """``ctx`` (current, no namespace) and ``other`` (its own cluster, namespace ``team-a``)."""
+    config = kubeconfig()
+    config["clusters"].append({"name": "c2", "cluster": {"server": "https://10.0.0.2:6443"}})
+    config["contexts"].append(
+        {"name": "other", "context": {"cluster": "c2", "user": "u", "namespace": "team-a"}}
+    )
+    return config
+
+
+def test_a_context_asked_for_instead_of_the_current_one_and_its_namespace() -> None:
+    found = auth.from_kubeconfig([(A, two_contexts())], context="other")
+    assert (found.server, found.context, found.namespace) == (
+        "https://10.0.0.2:6443",
+        "other",
+        "team-a",
+    )
+    assert found.origin == f"kubeconfig {A}, context other"
+    current = auth.from_kubeconfig([(A, two_contexts())])
+    assert (current.context, current.namespace) == ("ctx", None)
+
+
+def test_a_context_asked_for_needs_no_current_context_but_must_exist() -> None:
+    config = two_contexts()
+    del config["current-context"]
+    assert auth.from_kubeconfig([(A, config)], context="other").context == "other"
+    with pytest.raises(auth.NoSuchContext) as raised:
+        auth.from_kubeconfig([(A, config)], context="gone")
+    assert (raised.value.name, raised.value.known) == ("gone", ["ctx", "other"])
+
+
+def test_a_namespace_that_is_not_a_name() -> None:
+    config = kubeconfig()
+    config["contexts"][0]["context"]["namespace"] = ["a"]
+    assert problem((A, config)) == (
+        f"contexts[name=ctx].context.namespace in {A} is ['a']: expected a namespace"
+    )
+
+
 # ---- mistakes, each named by its field and file ---------------------------------------------
 
 
@@ -193,9 +239,9 @@ def test_a_certificate_without_its_key() -> None:
     [
         ({"server": ""}, "clusters[name=c].cluster.server in {A} is missing"),
         ({"server": "10.0.0.1:6443"}, "is '10.0.0.1:6443': expected an https:// URL"),
-        ({"proxy-url": "http://proxy:3128"}, "does not support proxies"),
+        ({"proxy-url": 3128}, "clusters[name=c].cluster.proxy-url in {A} is 3128: expected a URL"),
     ],
-    ids=["no-server", "not-a-url", "proxy"],
+    ids=["no-server", "not-a-url", "proxy-not-a-string"],
 )
 def test_a_cluster_without_a_usable_server(cluster: dict[str, Any], says: str) -> None:
     config = kubeconfig()
