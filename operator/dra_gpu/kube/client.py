@@ -69,11 +69,14 @@ class Kube:
         http: transport.Client,
         authorization: tokens.Authorization | None = None,
         origin: str = "",
+        namespace: str | None = None,
     ) -> None:
         self.http = http
         self.authorization: tokens.Authorization = authorization or tokens.Static(None)
         self.origin = origin or "client configuration"
         """Where the server and credentials came from: ``kubeconfig FILE, context NAME``."""
+        self.namespace = namespace
+        """The kubeconfig context's namespace (kubectl's default ``-n``); None if it names none."""
 
     @classmethod
     async def connect(
@@ -82,19 +85,21 @@ class Kube:
         *,
         source: str | None = None,
         flag: str = "--kubeconfig",
+        context: str | None = None,
     ) -> Kube:
         """From ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster service account (in a
-        pod), else ``~/.kube/config``. ``source`` says where ``kubeconfig`` came from and
-        ``flag`` how to pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the
-        messages. Raises ``ConfigError``; sends nothing."""
-        loaded = await load_config(kubeconfig, source=source or flag, flag=flag)
+        pod), else ``~/.kube/config``; its ``context`` (kubectl's ``--context``), else its
+        current-context. ``source`` says where ``kubeconfig`` came from and ``flag`` how to
+        pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the messages. Raises
+        ``ConfigError``; sends nothing."""
+        loaded = await load_config(kubeconfig, source=source or flag, flag=flag, context=context)
         http = transport.Client(
             loaded.credentials.server,
             ssl_context=loaded.ssl_context,
             server_hostname=loaded.credentials.tls_server_name,
             user_agent=f"dra-gpu/{dra_gpu.__version__}",
         )
-        return cls(http, loaded.authorization, loaded.credentials.origin)
+        return cls(http, loaded.authorization, loaded.credentials.origin, loaded.namespace)
 
     @property
     def server(self) -> str:

@@ -1,8 +1,9 @@
 """Where the client connects and as whom: a kubeconfig, else the in-cluster service account.
 
 Owns: ``load_config`` (which kubeconfig: the one given, ``$KUBECONFIG``, the pod's service
-account, ``~/.kube/config``; reading and checking the files it names, choosing the token source
-of ``tokens``, building the TLS context of ``tls``) and ``Loaded``, what it gives ``Kube.connect``.
+account, ``~/.kube/config``; which context: ``--context``, else ``current-context``; reading and
+checking the files it names, choosing the token source of ``tokens``, building the TLS context of
+``tls``) and ``Loaded``, what it gives ``Kube.connect`` (with the context's namespace).
 Every failure is a ``ConfigError`` that names the file, where its name came from and the fix.
 A user whose token comes from a program or a provider (``exec``, ``auth-provider``) is the one
 case left to kubernetes-asyncio's loader, imported only then (``dra-gpu explain`` on EKS or
@@ -33,12 +34,22 @@ class Loaded:
     credentials: auth.Credentials
     authorization: tokens.Authorization
     ssl_context: ssl.SSLContext | None
+    namespace: str | None = None
+    """The context's ``namespace`` (kubectl's default for ``-n``); None when it names none."""
 
 
-async def load_config(kubeconfig: Path | str | None, *, source: str, flag: str) -> Loaded:
-    """The credentials, their ``Authorization`` and TLS context. Every failure is a
-    ``ConfigError`` in words."""
+async def load_config(
+    kubeconfig: Path | str | None, *, source: str, flag: str, context: str | None = None
+) -> Loaded:
+    """The credentials, their ``Authorization`` and TLS context, of ``context`` (kubectl's
+    ``--context``) or else the ``current-context``. Every failure is a ``ConfigError`` in
+    words."""
     found = _kubeconfig_files(kubeconfig, source=source, flag=flag)
+    if found is None and context:
+        raise errors.ConfigError(
+            f"--context {context} needs a kubeconfig, and there is none here (in a pod, the "
+            f"service account is used): pass one with {flag} or KUBECONFIG"
+        )
     if found is None:
         try:
             return _loaded(auth.in_cluster(os.environ))
@@ -51,10 +62,13 @@ async def load_config(kubeconfig: Path | str | None, *, source: str, flag: str) 
     paths, source, files = found
     try:
         documents = [(path, _check_kubeconfig_file(path, source)) for path in files]
+        if context:
+            documents = _choose_context(documents, context, f"kubeconfig {paths} (from {source})")
         loaded = auth.from_kubeconfig(documents, paths=paths)
+        namespace = _namespace_of(documents, loaded.context)
         if loaded.delegated:
-            return await _delegated(loaded, files)
-        return _loaded(loaded)
+            return dataclasses.replace(await _delegated(loaded, files), namespace=namespace)
+        return dataclasses.replace(_loaded(loaded), namespace=namespace)
     except auth.NoCurrentContext:
         raise errors.ConfigError(
             f"kubeconfig {paths} (from {source}) has no current-context: choose one with "
@@ -64,6 +78,41 @@ async def load_config(kubeconfig: Path | str | None, *, source: str, flag: str) 
         raise errors.ConfigError(
             f"kubeconfig {paths} (from {source}) is not usable: {exc}"
         ) from None
+
+
+def _choose_context(
+    documents: list[tuple[Path, dict[str, Any]]], context: str, what: str
+) -> list[tuple[Path, dict[str, Any]]]:
+    """The documents with ``context`` as their current-context, as kubectl's ``--context``
+    reads them; ``ConfigError`` naming it when no file defines it."""
+    defined = sorted(
+        {
+            str(entry.get("name"))
+            for _, data in documents
+            for entry in data.get("contexts") or ()
+            if isinstance(entry, dict) and entry.get("name")
+        }
+    )
+    if context not in defined:
+        known = ", ".join(defined) or "none"
+        raise errors.ConfigError(
+            f"context {context} (from --context) is not in {what}: its contexts are {known} "
+            "(`kubectl config get-contexts`)"
+        )
+    (first, data), *rest = documents
+    return [(first, {**data, "current-context": context}), *rest]
+
+
+def _namespace_of(documents: list[tuple[Path, dict[str, Any]]], context: str) -> str | None:
+    """``contexts[name=context].context.namespace`` of the first file that defines the context
+    (kubectl's merge rule); None when it names no namespace."""
+    for _, data in documents:
+        for entry in data.get("contexts") or ():
+            if isinstance(entry, dict) and entry.get("name") == context:
+                body = entry.get("context")
+                namespace = body.get("namespace") if isinstance(body, dict) else None
+                return namespace if isinstance(namespace, str) and namespace else None
+    return None
 
 
 def _loaded(found: auth.Credentials) -> Loaded:
