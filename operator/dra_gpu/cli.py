@@ -1,6 +1,8 @@
-"""The ``dra-gpu`` command: ``agent`` (one per node), ``controller`` and ``explain``. Flags and
-environment are read here, once, into a typed settings object that is passed down; nothing
-below reads the environment.
+"""The ``dra-gpu`` command: ``agent`` (one per node), ``controller``, ``explain`` and ``status``;
+the same code is the kubectl plugin ``kubectl-dra_gpu`` (``kubectl dra-gpu explain ...``: its
+usage and errors say ``kubectl dra-gpu``). Flags and environment are read here, once, into a
+typed settings object that is passed down; nothing below reads the environment. ``explain``
+and ``status`` take kubectl's flags (``-n``, ``-A``, ``-l``, ``--context``, ``-o``).
 
 This is also where failures at the edges become words: a missing or invalid flag, kubeconfig
 or profile, an unreachable or refusing API server end the command with one line on stderr
@@ -36,11 +38,14 @@ from dra_gpu.exits import ExitCode, OneLineParser
 
 log = logging.getLogger("dra_gpu")
 T = TypeVar("T")
+PROG = "dra-gpu"
+KUBECTL_PROG = "kubectl dra-gpu"
+OUTPUTS = ("wide", "json", "yaml")  # controller.output.FORMATS, without importing it here
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="dra-gpu", description="A Kubernetes DRA driver for GPUs.")
-    parser.add_argument("--version", action="version", version=f"dra-gpu {dra_gpu.__version__}")
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description="A Kubernetes DRA driver for GPUs.")
+    parser.add_argument("--version", action="version", version=f"{prog} {dra_gpu.__version__}")
     parser.add_log_level()
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     agent = commands.add_parser(
@@ -58,19 +63,63 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser(
         "explain",
         help="why is a pod or claim waiting: class, devices, node and driver",
+        description="Without a target: every waiting claim of the namespace (-A: of the "
+        "cluster; -l: the claims of the pods it selects) and its missing piece. Exit code 0 "
+        "when nothing explained misses a piece, 6 when a piece is missing.",
     )
-    explain.add_argument("target", help="pod/NAME or resourceclaim/NAME")
-    explain.add_argument("-n", "--namespace", default="default")
     explain.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file [default: $KUBECONFIG, ~/.kube/config]"
+        "target", nargs="?", default=None, help="pod/NAME or resourceclaim/NAME [default: all]"
     )
+    explain.add_argument(
+        "-n", "--namespace", default=None, help="[default: the context's namespace, else default]"
+    )
+    explain.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="waiting claims of every namespace"
+    )
+    explain.add_argument(
+        "-l", "--selector", default=None, help="the claims of the pods with these labels (a=b,c)"
+    )
+    _add_client_flags(explain)
+    status = commands.add_parser(
+        "status",
+        help="our GPUs per node: published, allocated, free, memory, partitions and shares",
+        description="Counted as the controller's metrics count them (complete pools only).",
+    )
+    status.add_argument(
+        "--driver-name",
+        default=dra_gpu.DEFAULT_DRIVER_NAME,
+        help=f"the DRA driver whose devices to count [default: {dra_gpu.DEFAULT_DRIVER_NAME}]",
+    )
+    _add_client_flags(status)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file [default: $KUBECONFIG, ~/.kube/config]"
+    )
+    parser.add_argument(
+        "--context", default=None, help="the kubeconfig context [default: its current-context]"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="",
+        choices=OUTPUTS,
+        help="wide (more columns or each request's devices), json or yaml",
+    )
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-dra_gpu``: ``kubectl dra-gpu ...``, the same commands."""
+    return main(argv, prog=KUBECTL_PROG)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     _give_a_home()
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
+    args.prog = prog
     _configure_logging(args.log_level, args.log_format)
     if args.command is None:
         parser.print_help()
@@ -78,11 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _command(args)
     except UsageError as exc:
-        return _fail(args.command, exc, ExitCode.USAGE)
+        return _fail(f"{prog} {args.command}", exc, ExitCode.USAGE)
     except BaseException as exc:  # edge failures in words, the rest re-raised
         for leaf in _leaves(exc):
             if (code := _exit_code(leaf)) is not None:
-                return _fail(args.command, leaf, code, exc)
+                return _fail(f"{prog} {args.command}", leaf, code, exc)
         raise
 
 
@@ -163,18 +212,36 @@ def _command(args: argparse.Namespace) -> int:
         return _run_until_signal(
             kubeconfig, lambda stopping: run_controller(controller_settings, stopping)
         )
-    from dra_gpu.controller.command import explain_target
-
     path = Path(args.kubeconfig) if args.kubeconfig else None
-    answer = explain_target(path, args.target, args.namespace, source="--kubeconfig")
-    print(asyncio.run(answer), end="")
-    return ExitCode.OK
+    if args.command == "status":
+        from dra_gpu.controller import status
+
+        counted = asyncio.run(
+            status.status_command(
+                path, driver=args.driver_name, source="--kubeconfig", context=args.context
+            )
+        )
+        print(status.render(counted, args.output), end="")
+        for note in counted.notes:
+            print(f"{args.prog} status: {note}", file=sys.stderr)
+        if not counted.nodes and args.output not in ("json", "yaml"):
+            print(f"No devices of {args.driver_name} published.", file=sys.stderr)
+        return ExitCode.OK
+    from dra_gpu.controller.command import Query, explain_command
+
+    query = Query(args.target, args.namespace, args.all_namespaces, args.selector, args.output)
+    answer = asyncio.run(explain_command(path, query, source="--kubeconfig", context=args.context))
+    print(answer.text, end="")
+    if answer.note:
+        print(answer.note, file=sys.stderr)
+    return ExitCode.OK if answer.satisfied else ExitCode.NOT_SATISFIED
 
 
 def _exit_code(exc: BaseException) -> ExitCode | None:
     """The exit code of a failure at the edges; None for anything else (a bug: traceback)."""
     from dra_gpu import kube
-    from dra_gpu.controller.command import BadTarget, ExplainError
+    from dra_gpu.controller.command import BadTarget
+    from dra_gpu.controller.snapshot import CommandError
 
     if isinstance(exc, BadTarget):
         return ExitCode.USAGE
@@ -184,7 +251,7 @@ def _exit_code(exc: BaseException) -> ExitCode | None:
         return ExitCode.UNREACHABLE
     if isinstance(exc, kube.Refused):
         return ExitCode.REFUSED
-    if isinstance(exc, ExplainError):
+    if isinstance(exc, CommandError):
         return ExitCode.FAILED
     if isinstance(exc, KeyboardInterrupt):
         return ExitCode.INTERRUPTED
@@ -194,7 +261,7 @@ def _exit_code(exc: BaseException) -> ExitCode | None:
 def _fail(
     command: str, exc: BaseException, code: ExitCode, raised: BaseException | None = None
 ) -> int:
-    """One line on stderr, after the traceback at DEBUG."""
+    """One line on stderr (``command``: ``dra-gpu explain``), after the traceback at DEBUG."""
     from dra_gpu import kube
 
     log.debug("the failure in full:", exc_info=raised or exc)
@@ -204,7 +271,7 @@ def _fail(
             message += "; fix --profile (or DRA_GPU_PROFILE)"
         if isinstance(exc, kube.Unreachable):
             message += "; is the cluster up, and is this its kubeconfig and context?"
-        print(f"dra-gpu {command}: {message}", file=sys.stderr, flush=True)
+        print(f"{command}: {message}", file=sys.stderr, flush=True)
     return code
 
 

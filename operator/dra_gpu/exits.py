@@ -1,4 +1,5 @@
-"""Exit codes of every dra-gpu command (``dra-gpu ...`` and ``python -m dra_gpu.testing``).
+"""Exit codes of every dra-gpu command (``dra-gpu ...``, ``kubectl dra-gpu ...`` and
+``python -m dra_gpu.testing``).
 
 A failure at the edges — a flag, a file, the API server — ends a command with one line on
 stderr that says what is wrong and how to fix it, and one of these codes; the traceback only
@@ -31,6 +32,9 @@ class ExitCode(enum.IntEnum):
     the agent wait instead; ``explain`` and the test kit stop."""
     REFUSED = 5
     """The API server rejected our credentials (401) or our permissions (403)."""
+    NOT_SATISFIED = 6
+    """``explain`` answered, and a claim it explained misses a piece (class, devices, node or
+    driver): a script's ``if dra-gpu explain ...`` is true only when nothing is missing."""
     INTERRUPTED = 130
     """``explain`` interrupted (Ctrl-C) before it answered (128 + SIGINT, as shells count)."""
 

@@ -192,13 +192,21 @@ def test_a_bad_value_in_an_env_twin_names_the_variable(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "prefix", "says"),
     [
-        (["explain"], "dra-gpu explain", "the following arguments are required: target"),
+        (["explain", "-o", "xml"], "dra-gpu explain", "argument -o/--output: invalid choice"),
         (["explain", "claim-x"], "dra-gpu explain", "'claim-x': expected pod/NAME or"),
+        (["explain", "pod/x", "-A"], "dra-gpu explain", "across all namespaces"),
         (["--log-level", "loud", "agent"], "dra-gpu", "argument --log-level: invalid choice"),
         (["--log-format", "xml", "agent"], "dra-gpu", "argument --log-format: invalid choice"),
         (["agent", "--node"], "dra-gpu agent", "argument --node-name: expected one argument"),
     ],
-    ids=["no-target", "bad-target", "bad-log-level", "bad-log-format", "flag-without-value"],
+    ids=[
+        "bad-output",
+        "bad-target",
+        "target-with-all-namespaces",
+        "bad-log-level",
+        "bad-log-format",
+        "flag-without-value",
+    ],
 )
 def test_usage_errors_are_one_line_and_exit_2(
     tmp_path: Path, argv: list[str], prefix: str, says: str

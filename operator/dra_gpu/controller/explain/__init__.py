@@ -21,8 +21,9 @@ over its view's indexes, and calls ``explain`` for the claims whose inputs chang
 
 This face re-exports what callers use; the parts, each one concern:
 
-- ``results``: the vocabulary (``Reason`` most important first, ``Verdict``, ``Piece``) and
-  the frozen results; ``wording``: the limits and formatters of messages;
+- ``results``: the vocabulary (``Reason`` most important first, ``Verdict``, ``Piece``),
+  the frozen results and their JSON form (``to_dict``); ``wording``: the limits and
+  formatters of messages;
 - ``claims``: the entry points, and a claim summed up from its requests; ``allocated``: an
   allocated claim, the driver piece from the kubelet's ``PrepareFailure``
   (``dra_gpu.controller.kubelet``), and the all-clear;
@@ -44,6 +45,7 @@ from dra_gpu.controller.explain.results import (
     Reason,
     RequestExplanation,
     Verdict,
+    to_dict,
 )
 from dra_gpu.controller.explain.taints import device_taint_text
 from dra_gpu.controller.explain.wording import (
@@ -81,4 +83,5 @@ __all__ = [
     "format_pieces",
     "prepare_failure",
     "prepared",
+    "to_dict",
 ]

@@ -4,7 +4,9 @@ Owns: ``Reason`` (in order of importance: when several requests miss pieces, the
 message names the most important first: class > selectors > devices published > fit >
 allocation > node > driver), ``Verdict`` (one device to one request), the tutorial's four
 ``Piece``s (class, devices, node, driver) and the frozen results ``DeviceVerdict``,
-``RequestExplanation`` and ``Explanation``.
+``RequestExplanation`` and ``Explanation``, and ``to_dict``, the one JSON form of an
+explanation (``dra-gpu explain -o json|yaml``; documented in docs/troubleshooting.md and stable:
+keys are added, never renamed or removed).
 Must not: work anything out from API bodies; the other modules of ``explain`` do.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
+from typing import Any
 
 from dra_gpu.controller.explain import wording
 
@@ -164,3 +167,45 @@ def with_piece(pieces: Sequence[Piece], replacement: Piece) -> tuple[Piece, ...]
 def unchecked() -> tuple[Piece, ...]:
     """The four pieces, none checked."""
     return tuple(Piece(name, None, wording.NOT_CHECKED) for name in PIECE_NAMES)
+
+
+def to_dict(explanation: Explanation) -> dict[str, Any]:
+    """The explanation as plain JSON values (camelCase keys, enums as their strings), for
+    ``-o json`` and ``-o yaml``: the structure docs/troubleshooting.md documents."""
+    return {
+        "claim": explanation.claim,
+        "reason": str(explanation.reason),
+        "missing": explanation.missing,
+        "message": explanation.message,
+        "pieces": [_piece(p) for p in explanation.pieces],
+        "requests": [_request(r) for r in explanation.requests],
+    }
+
+
+def _piece(piece: Piece) -> dict[str, Any]:
+    return {"name": piece.name, "satisfied": piece.satisfied, "reason": piece.reason}
+
+
+def _request(request: RequestExplanation) -> dict[str, Any]:
+    return {
+        "request": request.request,
+        "deviceClass": request.device_class,
+        "reason": str(request.reason),
+        "satisfied": request.satisfied,
+        "message": request.message,
+        "pieces": [_piece(p) for p in request.pieces],
+        "devices": [
+            {
+                "driver": d.driver,
+                "pool": d.pool,
+                "device": d.device,
+                "node": d.node,
+                "verdict": str(d.verdict),
+                "text": d.text,
+            }
+            for d in request.devices
+        ],
+        "notes": list(request.notes),
+        "nodes": list(request.nodes),
+        "subrequests": [_request(r) for r in request.subrequests],
+    }
