@@ -9,7 +9,7 @@ credentials, pure) and ``transport`` (h11 connections).
 """
 
 from dra_gpu.kube.auth import IN_CLUSTER
-from dra_gpu.kube.client import Kube
+from dra_gpu.kube.client import NO_ANSWER, Kube, RequestObserver
 from dra_gpu.kube.errors import (
     CONNECTION_ERRORS,
     ApiError,
@@ -22,10 +22,12 @@ from dra_gpu.kube.errors import (
 __all__ = [
     "CONNECTION_ERRORS",
     "IN_CLUSTER",
+    "NO_ANSWER",
     "ApiError",
     "Body",
     "ConfigError",
     "Kube",
     "Refused",
+    "RequestObserver",
     "Unreachable",
 ]

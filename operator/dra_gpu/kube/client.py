@@ -7,10 +7,11 @@ every node).
 
 Owns: ``Kube`` and its verbs (``request``, ``get``, ``create``, ``replace``, ``patch``,
 ``delete``; ``send`` for an answer read by its caller), its ``Authorization`` header on every
-request, and reaching the server: ``probe`` and ``wait_until_ready`` (how a long-running
-component starts before its API server does), with ``unreachable`` and ``refused`` saying in
-words why it does not answer or rejects us. ``Kube.watch_once`` and ``Kube.watch_forever``
-are ``watch``'s loop on this client.
+request, telling a component's ``RequestObserver`` of every request (its verb, the answer's
+status code, how long it took: the component's metrics), and reaching the server: ``probe``
+and ``wait_until_ready`` (how a long-running component starts before its API server does),
+with ``unreachable`` and ``refused`` saying in words why it does not answer or rejects us.
+``Kube.watch_once`` and ``Kube.watch_forever`` are ``watch``'s loop on this client.
 
 Must not: find or read credentials (``Kube.connect`` takes them from ``kubeconfig``) or parse a
 kubeconfig (``auth``).
@@ -25,9 +26,10 @@ import logging
 import os
 import socket
 import ssl
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 from urllib.parse import urlencode
 
 import dra_gpu
@@ -55,6 +57,19 @@ class RequestOptions(TypedDict, total=False):
     content_type: str
 
 
+NO_ANSWER = "<error>"
+"""The ``code`` a ``RequestObserver`` gets for a request that got no answer (client-go's)."""
+
+
+class RequestObserver(Protocol):
+    """Told of every request ``Kube`` sends, once its answer's status line is in (a watch: once
+    it starts streaming) or it failed without one. ``verb``: the HTTP method, ``WATCH`` for a
+    watch; ``code``: the status code (``"200"``), or ``NO_ANSWER``; ``seconds``: from sending
+    to then. A component passes its metrics (``kube/`` knows nothing of them)."""
+
+    def __call__(self, verb: str, code: str, seconds: float) -> None: ...
+
+
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0)
 """``wait_until_ready``'s back-off: the last delay repeats."""
 REQUEST_TIMEOUT = transport.Timeout(connect=None, total=30.0)
@@ -69,8 +84,11 @@ class Kube:
         http: transport.Client,
         authorization: tokens.Authorization | None = None,
         origin: str = "",
+        observer: RequestObserver | None = None,
     ) -> None:
         self.http = http
+        self.observer = observer
+        """Told of every request (``RequestObserver``), when given."""
         self.authorization: tokens.Authorization = authorization or tokens.Static(None)
         self.origin = origin or "client configuration"
         """Where the server and credentials came from: ``kubeconfig FILE, context NAME``."""
@@ -82,11 +100,13 @@ class Kube:
         *,
         source: str | None = None,
         flag: str = "--kubeconfig",
+        observer: RequestObserver | None = None,
     ) -> Kube:
         """From ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster service account (in a
         pod), else ``~/.kube/config``. ``source`` says where ``kubeconfig`` came from and
         ``flag`` how to pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the
-        messages. Raises ``ConfigError``; sends nothing."""
+        messages; ``observer`` is told of every request. Raises ``ConfigError``; sends
+        nothing."""
         loaded = await load_config(kubeconfig, source=source or flag, flag=flag)
         http = transport.Client(
             loaded.credentials.server,
@@ -94,7 +114,7 @@ class Kube:
             server_hostname=loaded.credentials.tls_server_name,
             user_agent=f"dra-gpu/{dra_gpu.__version__}",
         )
-        return cls(http, loaded.authorization, loaded.credentials.origin)
+        return cls(http, loaded.authorization, loaded.credentials.origin, observer)
 
     @property
     def server(self) -> str:
@@ -122,16 +142,22 @@ class Kube:
         timeouts: transport.Timeout = REQUEST_TIMEOUT,
     ) -> transport.Response:
         """One request; its answer, for the caller to read and release (a watch streams it),
-        or ``ApiError`` for a non-2xx status."""
+        or ``ApiError`` for a non-2xx status. The observer, if any, is told either way."""
         headers = [("Accept", "application/json"), ("Content-Type", content_type)]
         if (authorization := await self.authorization()) is not None:
             headers.append(("Authorization", authorization))
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         target = f"{path}?{urlencode(params)}" if params else path
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        response = await self.http.request(
-            method, target, headers=headers, body=data, timeouts=timeouts
-        )
+        started = time.monotonic()
+        try:
+            response = await self.http.request(
+                method, target, headers=headers, body=data, timeouts=timeouts
+            )
+        except Exception:
+            self._observe(method, query, NO_ANSWER, started)
+            raise
+        self._observe(method, query, str(response.status), started)
         if not 200 <= response.status <= 299:
             try:
                 text = (await response.read()).decode("utf-8", "replace")
@@ -143,6 +169,12 @@ class Kube:
                 decoded = text
             raise errors.ApiError(method, path, response.status, decoded)
         return response
+
+    def _observe(
+        self, method: str, query: Mapping[str, Any] | None, code: str, started: float
+    ) -> None:
+        if self.observer is not None:
+            self.observer(verb_of(method, query), code, time.monotonic() - started)
 
     async def request(
         self, method: str, path: str, **options: Unpack[RequestOptions]
@@ -288,6 +320,15 @@ class Kube:
         return watch.forever(
             self, path, retry_delay=retry_delay, on_break=on_break, page_size=page_size, **query
         )
+
+
+def verb_of(method: str, query: Mapping[str, Any] | None = None) -> str:
+    """The ``verb`` a ``RequestObserver`` is told: the method, ``WATCH`` for a ``GET`` with
+    ``watch=true`` (so watches, which stream for minutes, do not count as GETs)."""
+    method = method.upper()
+    if method == "GET" and _query_value((query or {}).get("watch", False)) == "true":
+        return "WATCH"
+    return method
 
 
 def _query_value(value: Any) -> str:
