@@ -100,7 +100,7 @@ async def run_agent(settings: AgentSettings, stopping: asyncio.Event) -> None:
     loop.add_signal_handler(signal.SIGHUP, stopping.set)
     backend = make_backend(settings)
     try:
-        async with await kube.Kube.connect(settings.kubeconfig) as api:
+        async with await kube.Kube.connect(settings.kubeconfig, observer=metrics.AGENT_API) as api:
             await _run(settings, api, backend, stopping)
     finally:
         loop.remove_signal_handler(signal.SIGHUP)

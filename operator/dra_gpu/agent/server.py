@@ -23,6 +23,10 @@ while the other agent's sockets answer, we leave them alone (and our slices to i
 or nobody listens on them any more, ours come back (after ``on_back``) and the kubelet
 registers us again. We only ever remove socket files that are ours.
 
+``dra_gpu_agent_registered`` says where the registration stands: 1 from the kubelet's
+``NotifyRegistrationStatus`` accepting us, 0 from our sockets' (re-)creation until then, after a
+refusal, and once another agent's sockets replaced ours (the kubelet calls that one).
+
 The servers are grpclib's (gRPC over the pure-Python ``h2``), not grpcio's: grpcio's core
 library alone is 10 MiB resident once loaded and keeps ~10 MiB more after a burst of 1,000
 concurrent calls, on a process that runs on every GPU node; grpclib is 3 MiB and keeps almost
@@ -60,6 +64,7 @@ from dra_gpu.proto.drahealth.v1 import api_pb2 as health_v1
 from dra_gpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.resource.bodies import ClaimUID
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +381,7 @@ class RegistrationServicer:
         self.status.registered = request.plugin_registered
         self.status.error = request.error
         self.status.changed.set()
+        metrics.REGISTERED.set(1 if request.plugin_registered else 0)
         if request.plugin_registered:
             self.status.accepted_at = datetime.datetime.now(datetime.UTC)
             self.status.accepted.set()
@@ -523,7 +529,9 @@ class PluginServers:
         await self.stop()
 
     async def start(self) -> None:
-        """DRA socket first: the kubelet dials as soon as it sees the registration socket."""
+        """DRA socket first: the kubelet dials as soon as it sees the registration socket.
+        Not registered until the kubelet says so (``dra_gpu_agent_registered`` 0)."""
+        metrics.REGISTERED.set(0)
         try:
             self._bound.append(await _bind(self.dra_socket, self._dra_handlers))
             self._bound.append(await _bind(self.registration_socket, self._registration_handlers))
@@ -563,6 +571,7 @@ class PluginServers:
                     return None
                 self._taken_by = taken
                 self.taken = True
+                metrics.REGISTERED.set(0)  # the kubelet calls the other agent now
                 found = (
                     f"{registration.path} was replaced by another process's socket (another "
                     f"agent of driver {self.driver} on this node?): the kubelet calls that one "

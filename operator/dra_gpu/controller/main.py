@@ -1,7 +1,8 @@
 """The controller: its jobs, each a part with one owner, run under one TaskGroup.
 
 Every replica watches (Kopf, ``wiring``), keeps the indexed view (``view.ClusterView``) and
-computes the metrics; only the holder of the Lease (``leader.LeaderElector``) writes. A pass
+computes the metrics; only the holder of the Lease (``leader.LeaderElector``) writes, and serves
+the cluster-wide series (``metrics.CLUSTER_WIDE``). A pass
 takes the batch of changes the view noted since the last one and hands it to each part, so it
 costs what changed, not what the cluster holds:
 
@@ -143,6 +144,9 @@ class Controller:
         self.explainer.note(changes)
         self._forget_unused(changes)
         metrics.LEADER.set(1 if self.leader.is_leader else 0)
+        # The cluster-wide series, just brought up to date, are the leader's to serve: a
+        # standby's page has none (sums over the replicas count each device once).
+        metrics.CLUSTER_WIDE.leading = self.leader.is_leader
         leader_parts = (self.classes, self.pools, self.repair)
         if self.leader.is_leader:
             if not self._leading:  # just took over: everything is news to this leader
@@ -192,7 +196,7 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
     """Probes first, then wait for the API server (as the agent does: a Deployment whose API
     server is not there yet must not crash-loop), then Kopf and the jobs; on a stop, the jobs
     end, the lease is released, then Kopf stops."""
-    async with await kube.Kube.connect(settings.kubeconfig) as api:
+    async with await kube.Kube.connect(settings.kubeconfig, observer=metrics.CONTROLLER_API) as api:
         controller = Controller(settings, api)
         waiting: str | None = f"the API server at {api.server} has not answered yet"
 

@@ -3,7 +3,9 @@
 Owns the counts behind the gauges — devices and memory of our driver per node (published,
 allocated, free), devices each DeviceClass admits (published, allocated, free), claims by state,
 pools that are not complete, and per partitioned GPU and shared device of our driver the
-counters, partitions, shared memory and shares in use. Every replica keeps them. Each count is
+counters, partitions, shared memory and shares in use; and when the oldest pending claim was
+created (``dra_gpu_pending_claim_age_seconds`` is its age at each scrape). Every replica keeps
+them (only the leader serves them: ``metrics.CLUSTER``). Each count is
 a sum of per-pool contributions: a change to a pool's slices, or to the holders of one of its
 devices, recounts that pool (a few devices), and an edited class is recounted over every pool
 once. What it counts is what ``published.current_pools`` (complete pools only:
@@ -18,8 +20,9 @@ Must not: read the API or post anything; it sets gauges and reads the view.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from dra_gpu import cel
@@ -51,10 +54,23 @@ Series = dict[tuple[Any, tuple[str, ...]], float]
 gauges."""
 
 
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 class Tally:
-    def __init__(self, driver: str, selections: Selections) -> None:
+    def __init__(
+        self,
+        driver: str,
+        selections: Selections,
+        clock: Callable[[], datetime.datetime] = _utc_now,
+    ) -> None:
         self.driver = driver
         self.selections = selections
+        self.clock = clock
+        self.oldest_pending: datetime.datetime | None = None
+        """When the oldest pending claim was created; None: none is pending."""
+        metrics.PENDING_CLAIM_AGE.set_function(lambda: pending_age(self.oldest_pending, clock()))
         self.classes: dict[str, tuple[cel.Compiled, ...]] = {}
         """Every DeviceClass's compiled selectors."""
         self.nodes: dict[str, list[int]] = {}
@@ -82,6 +98,8 @@ class Tally:
             nodes, classes = self._recount_pool(view, key)
             touched_nodes |= nodes
             touched_classes |= classes
+        if changes.claims:  # the pending claims' creation times, not their number, matter
+            self.oldest_pending = oldest_created(view.pending_claims())
         self._set_gauges(touched_nodes, touched_classes, view)
 
     def _recount_class(self, view: ClusterView, name: str) -> None:
@@ -216,6 +234,35 @@ class Tally:
         for state in ("pending", "allocated", "reserved"):
             metrics.CLAIMS.labels(state).set(view.claim_states[state])
         metrics.INCONSISTENT_POOLS.set(sum(p.driver == self.driver for p in self.problems.values()))
+
+
+def oldest_created(claims: Iterable[Mapping[str, Any]]) -> datetime.datetime | None:
+    """The earliest ``metadata.creationTimestamp`` of ``claims`` (one without a readable one
+    is left out); None for none."""
+    oldest = None
+    for claim in claims:
+        created = timestamp((claim.get("metadata") or {}).get("creationTimestamp"))
+        if created is not None and (oldest is None or created < oldest):
+            oldest = created
+    return oldest
+
+
+def pending_age(oldest: datetime.datetime | None, now: datetime.datetime) -> float:
+    """Seconds since ``oldest`` (0 for None, never below 0: a clock behind the API server's)."""
+    if oldest is None:
+        return 0.0
+    return max((now - oldest).total_seconds(), 0.0)
+
+
+def timestamp(value: object) -> datetime.datetime | None:
+    """An API timestamp (RFC 3339, ``...Z``), aware; None for none or one that does not parse."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
 
 
 def _remove(gauge: Any, *labels: str) -> None:

@@ -60,6 +60,7 @@ _KEEP: dict[str, _Keep] = {
             "nodeSelector": None,
             "affinity": {"nodeAffinity": None},
         },
+        # conditions: cut to the Ready condition's type, status and lastTransitionTime below
         "status": {"phase": None, "resourceClaimStatuses": None},
     },
     "Node": {
@@ -83,6 +84,15 @@ def trim(kind: str, body: Mapping[str, Any]) -> Body:
             if isinstance(c, Mapping) and c.get("type") == "Ready"
         ]
         kept["status"] = {"conditions": ready}
+    elif kind == "Pod":
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = [
+            {k: c.get(k) for k in ("type", "status", "lastTransitionTime")}
+            for c in conditions
+            if isinstance(c, Mapping) and c.get("type") == "Ready"
+        ]
+        if ready:
+            kept.setdefault("status", {})["conditions"] = ready
     return kept
 
 

@@ -10,7 +10,7 @@ credentials, pure), ``transport`` (h11 connections, through an HTTP proxy if nee
 """
 
 from dra_gpu.kube.auth import IN_CLUSTER
-from dra_gpu.kube.client import Kube
+from dra_gpu.kube.client import NO_ANSWER, Kube, RequestObserver
 from dra_gpu.kube.errors import (
     CONNECTION_ERRORS,
     ApiError,
@@ -23,10 +23,12 @@ from dra_gpu.kube.errors import (
 __all__ = [
     "CONNECTION_ERRORS",
     "IN_CLUSTER",
+    "NO_ANSWER",
     "ApiError",
     "Body",
     "ConfigError",
     "Kube",
     "Refused",
+    "RequestObserver",
     "Unreachable",
 ]

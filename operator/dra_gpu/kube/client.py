@@ -7,11 +7,12 @@ every node).
 
 Owns: ``Kube`` and its verbs (``request``, ``get``, ``create``, ``replace``, ``patch``,
 ``delete``; ``send`` for an answer read by its caller), its ``Authorization`` header on every
-request, and reaching the server: ``probe`` and ``wait_until_ready`` (how a long-running
-component starts before its API server does), with ``unreachable`` and ``refused`` saying in
-words why it does not answer or rejects us (a 401 is sent once more when refreshing the
-credentials changed them). ``Kube.watch_once`` and ``Kube.watch_forever`` are ``watch``'s loop
-on this client.
+request, telling a component's ``RequestObserver`` of every request (its verb, the answer's
+status code, how long it took: the component's metrics), and reaching the server: ``probe``
+and ``wait_until_ready`` (how a long-running component starts before its API server does),
+with ``unreachable`` and ``refused`` saying in words why it does not answer or rejects us (a
+401 is sent once more when refreshing the credentials changed them). ``Kube.watch_once`` and
+``Kube.watch_forever`` are ``watch``'s loop on this client.
 
 Must not: find or read credentials (``Kube.connect`` takes them from ``kubeconfig``) or parse a
 kubeconfig (``auth``).
@@ -26,9 +27,10 @@ import logging
 import os
 import socket
 import ssl
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 from urllib.parse import urlencode
 
 import dra_gpu
@@ -56,6 +58,19 @@ class RequestOptions(TypedDict, total=False):
     content_type: str
 
 
+NO_ANSWER = "<error>"
+"""The ``code`` a ``RequestObserver`` gets for a request that got no answer (client-go's)."""
+
+
+class RequestObserver(Protocol):
+    """Told of every request ``Kube`` sends, once its answer's status line is in (a watch: once
+    it starts streaming) or it failed without one. ``verb``: the HTTP method, ``WATCH`` for a
+    watch; ``code``: the status code (``"200"``), or ``NO_ANSWER``; ``seconds``: from sending
+    to then. A component passes its metrics (``kube/`` knows nothing of them)."""
+
+    def __call__(self, verb: str, code: str, seconds: float) -> None: ...
+
+
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0)
 """``wait_until_ready``'s back-off: the last delay repeats."""
 REQUEST_TIMEOUT = transport.Timeout(connect=None, total=30.0)
@@ -72,8 +87,11 @@ class Kube:
         origin: str = "",
         namespace: str = "default",
         proxy_source: str = "",
+        observer: RequestObserver | None = None,
     ) -> None:
         self.http = http
+        self.observer = observer
+        """Told of every request (``RequestObserver``), when given."""
         self.authorization: tokens.Authorization = authorization or tokens.Static(None)
         self.origin = origin or "client configuration"
         """Where the server and credentials came from: ``kubeconfig FILE, context NAME``."""
@@ -91,13 +109,15 @@ class Kube:
         source: str | None = None,
         flag: str = "--kubeconfig",
         context: str | None = None,
+        observer: RequestObserver | None = None,
     ) -> Kube:
         """From ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster service account (in a
         pod), else ``~/.kube/config``; its ``context`` (kubectl's ``--context``), else its
         current context. ``source`` says where ``kubeconfig`` came from and ``flag`` how to
         pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the messages. Through the
         cluster's ``proxy-url``, else ``HTTPS_PROXY`` unless ``NO_PROXY`` says otherwise, as
-        kubectl. Raises ``ConfigError``; sends nothing."""
+        kubectl; ``observer`` is told of every request. Raises ``ConfigError``; sends
+        nothing."""
         loaded = await load_config(kubeconfig, source=source or flag, flag=flag, context=context)
         http = transport.Client(
             loaded.credentials.server,
@@ -112,6 +132,7 @@ class Kube:
             loaded.credentials.origin,
             loaded.namespace,
             loaded.proxy.source if loaded.proxy else "",
+            observer,
         )
 
     @property
@@ -142,7 +163,8 @@ class Kube:
         """One request; its answer, for the caller to read and release (a watch streams it),
         or ``ApiError`` for a non-2xx status. A 401 refreshes the credentials (an ``exec``
         plugin runs again, a token file is read again) and, when that changed them, the
-        request is sent once more: the server rejected it before doing anything."""
+        request is sent once more: the server rejected it before doing anything. The observer,
+        if any, is told of every request sent, answered or not."""
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         target = f"{path}?{urlencode(params)}" if params else path
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
@@ -151,9 +173,15 @@ class Kube:
             headers = [("Accept", "application/json"), ("Content-Type", content_type)]
             if (authorization := await self.authorization()) is not None:
                 headers.append(("Authorization", authorization))
-            response = await self.http.request(
-                method, target, headers=headers, body=data, timeouts=timeouts
-            )
+            started = time.monotonic()
+            try:
+                response = await self.http.request(
+                    method, target, headers=headers, body=data, timeouts=timeouts
+                )
+            except Exception:
+                self._observe(method, query, NO_ANSWER, started)
+                raise
+            self._observe(method, query, str(response.status), started)
             if 200 <= response.status <= 299:
                 return response
             try:
@@ -172,6 +200,12 @@ class Kube:
             except ValueError:
                 decoded = text
             raise errors.ApiError(method, path, response.status, decoded)
+
+    def _observe(
+        self, method: str, query: Mapping[str, Any] | None, code: str, started: float
+    ) -> None:
+        if self.observer is not None:
+            self.observer(verb_of(method, query), code, time.monotonic() - started)
 
     async def request(
         self, method: str, path: str, **options: Unpack[RequestOptions]
@@ -319,6 +353,15 @@ class Kube:
         return watch.forever(
             self, path, retry_delay=retry_delay, on_break=on_break, page_size=page_size, **query
         )
+
+
+def verb_of(method: str, query: Mapping[str, Any] | None = None) -> str:
+    """The ``verb`` a ``RequestObserver`` is told: the method, ``WATCH`` for a ``GET`` with
+    ``watch=true`` (so watches, which stream for minutes, do not count as GETs)."""
+    method = method.upper()
+    if method == "GET" and _query_value((query or {}).get("watch", False)) == "true":
+        return "WATCH"
+    return method
 
 
 def _query_value(value: Any) -> str:

@@ -8,12 +8,22 @@ called ``instance`` or ``job``: a scrape sets those, and would rename ours ``exp
 Each registry also carries what Prometheus' client libraries export by default — the
 process's ``process_*`` (resident memory, CPU, open files) and ``python_*`` collectors — and
 ``dra_gpu_build_info``; counters and histograms carry no ``_created`` series (one more series
-each, which nothing here queries).
+each, which nothing here queries). Both components count their API client's requests
+(``ApiRequests``, the ``kube.RequestObserver`` each passes to its client).
+
+The controller's cluster-wide series (devices, memory, classes, claims, partitions and shares,
+pools, pod timings, the kubelets' prepare failures) live in ``CLUSTER``, which every replica
+keeps up to date but only the leader serves (``CLUSTER_WIDE``: a collector of ``CONTROLLER``
+that yields them while ``leading``). A standby's page has none of them — absent, not zero —
+so ``sum`` over replicas counts each device once, and a standby that takes over serves
+numbers already current. What a replica did itself (explanations posted, repairs, passes, its
+API requests) stays on every replica's page.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
 
 import prometheus_client
 from prometheus_client import (
@@ -25,6 +35,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.metrics_core import Metric
 
 import dra_gpu
 
@@ -48,8 +59,63 @@ for _registry in (AGENT, CONTROLLER):
 
 RESULTS = ("success", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
+_API_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ApiRequests:
+    """A component's API client requests: a counter by verb and code and a latency histogram
+    by verb, in ``registry``. Called as a ``kube.RequestObserver`` (``kube.Kube(observer=...)``);
+    series appear with the first request of each verb (and code)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "dra_gpu_api_requests_total",
+            "Requests of this process's Kubernetes API client, by verb (the HTTP method; WATCH "
+            "for a watch) and code (the answer's status code; <error> for no answer).",
+            ["verb", "code"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "dra_gpu_api_request_duration_seconds",
+            "Time from sending a request of this process's API client to its answer's status "
+            "line (a watch: until it streams), by verb.",
+            ["verb"],
+            buckets=_API_BUCKETS,
+            registry=registry,
+        )
+
+    def __call__(self, verb: str, code: str, seconds: float) -> None:
+        self.requests.labels(verb, code).inc()
+        self.seconds.labels(verb).observe(seconds)
+
+
+class LeaderOnly:
+    """A collector of ``CONTROLLER`` that yields ``CLUSTER``'s series while ``leading``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.leading = False
+
+    def collect(self) -> Iterator[Metric]:
+        if self.leading:
+            yield from self.registry.collect()
+
+    def describe(self) -> list[Metric]:
+        """``registry``'s metrics, for their names (a scrape of some names only finds them)."""
+        return list(self.registry.collect())
+
 
 # --- node agent ---------------------------------------------------------------------------------
+
+AGENT_API = ApiRequests(AGENT)
+"""The agent's API client's requests (its ``kube.Kube``'s observer)."""
+REGISTERED = Gauge(
+    "dra_gpu_agent_registered",
+    "1 once the kubelet registered this agent's plugin; 0 before, after the kubelet refused "
+    "it, and while its sockets are gone or another agent's replaced them (until the kubelet "
+    "registers it again).",
+    registry=AGENT,
+)
 
 PREPARES = Counter(
     "dra_gpu_prepare_claims_total",
@@ -189,32 +255,41 @@ for _source in ("cache", "api"):
 
 # --- controller ---------------------------------------------------------------------------------
 
+CLUSTER = CollectorRegistry()
+"""The controller's cluster-wide series: served on ``CONTROLLER`` only while ``CLUSTER_WIDE``
+is ``leading``."""
+CLUSTER_WIDE = LeaderOnly(CLUSTER)
+"""Registered on ``CONTROLLER`` below, once ``CLUSTER``'s metrics exist (for their names)."""
+CONTROLLER_API = ApiRequests(CONTROLLER)
+"""The controller's API client's requests (its ``kube.Kube``'s observer; Kopf's watches use
+Kopf's own client)."""
+
 DEVICES = Gauge(
     "dra_gpu_devices",
     "Devices of our driver in published (complete) pools, by node and state "
     "(published, allocated, free).",
     ["node", "state"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 TAINTED_DEVICES = Gauge(
     "dra_gpu_tainted_devices",
     "Published devices of our driver with a taint, by node and worst effect (NoSchedule: no "
     "new claims; NoExecute: their pods are evicted too).",
     ["node", "effect"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 CLASS_DEVICES = Gauge(
     "dra_gpu_class_devices",
     "Devices that a DeviceClass's selectors admit, by class and state "
     "(published, allocated, free).",
     ["deviceclass", "state"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 MEMORY = Gauge(
     "dra_gpu_memory_bytes",
     "Memory capacity of our devices, by node and state (published, allocated, free).",
     ["node", "state"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 COUNTERS = Gauge(
     "dra_gpu_counters",
@@ -222,45 +297,52 @@ COUNTERS = Gauge(
     "counter and state (used by allocated devices, free); counters alike add up "
     "(memory-slice-0..7 as memory-slice).",
     ["node", "counter_set", "counter", "state"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 PARTITIONS_ALLOCATED = Gauge(
     "dra_gpu_partitions_allocated",
     "Allocated devices of our driver that consume a counter set (MIG partitions, or the whole "
     "GPU), by node and counter set.",
     ["node", "counter_set"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 SHARED_MEMORY = Gauge(
     "dra_gpu_shared_memory_bytes",
     "Memory capacity of our shared devices (allowMultipleAllocations), by node, device and "
     "state (published, used by the shares held, free).",
     ["node", "device", "state"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 SHARES = Gauge(
     "dra_gpu_shares",
     "Shares held of each of our shared devices (allocation results with a shareID).",
     ["node", "device"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 CLAIMS = Gauge(
     "dra_gpu_claims",
     "ResourceClaims by state: pending (not allocated), allocated (not reserved), reserved.",
     ["state"],
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 POD_CLAIMS_ALLOCATED_SECONDS = Histogram(
     "dra_gpu_pod_claims_allocated_seconds",
     "Time from a pod's creation until all its resource claims were allocated.",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 POD_RUNNING_SECONDS = Histogram(
     "dra_gpu_pod_running_seconds",
-    "Time from the creation of a pod with resource claims until it was Running.",
+    "Time from the creation of a pod with resource claims until it was Ready (its Ready "
+    "condition's lastTransitionTime).",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
-    registry=CONTROLLER,
+    registry=CLUSTER,
+)
+PENDING_CLAIM_AGE = Gauge(
+    "dra_gpu_pending_claim_age_seconds",
+    "Age of the oldest pending (not allocated) ResourceClaim, from its creationTimestamp; 0 "
+    "when none is pending.",
+    registry=CLUSTER,
 )
 EXPLAIN_EVENTS = Counter(
     "dra_gpu_explain_events_total",
@@ -271,12 +353,12 @@ EXPLAIN_EVENTS = Counter(
 PREPARE_FAILURES = Counter(
     "dra_gpu_prepare_failures_total",
     "FailedPrepareDynamicResources events the kubelet posted on pods (each occurrence).",
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 INCONSISTENT_POOLS = Gauge(
     "dra_gpu_inconsistent_pools",
     "Pools of our driver whose slices disagree on generation or slice count.",
-    registry=CONTROLLER,
+    registry=CLUSTER,
 )
 STALE_SLICES_DELETED = Counter(
     "dra_gpu_stale_slices_deleted_total",
@@ -301,3 +383,4 @@ RECONCILES = Counter(
 
 for _state in ("pending", "allocated", "reserved"):
     CLAIMS.labels(_state)
+CONTROLLER.register(CLUSTER_WIDE)

@@ -16,6 +16,7 @@ from dra_gpu.proto.dra.v1 import api_pb2 as v1
 from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.proto.pluginregistration.v1 import api_pb2 as reg
 from dra_gpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from dra_gpu.serving import metrics
 from dra_gpu.testing import eventually
 from tests.unit.agent.test_state import state
 
@@ -61,6 +62,37 @@ async def test_a_refused_registration_is_recorded_with_the_kubelets_reason(tmp_p
     )
     assert (status.registered, status.error) == (False, "version mismatch")
     assert not status.accepted.is_set()
+
+
+def registered() -> float | None:
+    return metrics.AGENT.get_sample_value("dra_gpu_agent_registered")
+
+
+async def test_the_registered_gauge_follows_the_kubelet_and_our_sockets(tmp_path: Path) -> None:
+    first, second = servers(tmp_path, "a"), servers(tmp_path, "b")
+    # The kubelet's calls to the first agent (the gauge is the process's, as in an agent).
+    kubelet = server.RegistrationServicer(
+        "gpu.example.com", first.dra_socket, server.RegistrationStatus()
+    )
+    accept = reg.RegistrationStatus(plugin_registered=True)
+    async with first:
+        assert registered() == 0  # sockets up: not registered until the kubelet says so
+        await kubelet.NotifyRegistrationStatus(accept)
+        assert registered() == 1
+        await kubelet.NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="version mismatch")
+        )
+        assert registered() == 0
+        await kubelet.NotifyRegistrationStatus(accept)
+        async with second:
+            await kubelet.NotifyRegistrationStatus(accept)
+            assert await first.check() is not None  # replaced: the kubelet calls the other
+            assert registered() == 0
+        await kubelet.NotifyRegistrationStatus(accept)
+        assert (await first.check() or "").startswith("re-created")
+        assert registered() == 0  # ours again: until the kubelet registers them again
+        await kubelet.NotifyRegistrationStatus(accept)
+        assert registered() == 1
 
 
 def servers(tmp_path: Path, name: str, events: list[str] | None = None) -> server.PluginServers:

@@ -280,7 +280,7 @@ def test_a_shared_device_consumes_its_counters_once_for_all_its_shares() -> None
 
 
 def sample(name: str, **labels: str) -> float | None:
-    return metrics.CONTROLLER.get_sample_value(name, labels)
+    return metrics.CLUSTER.get_sample_value(name, labels)
 
 
 def test_the_gauges_per_counter_set_and_shared_device_follow_the_allocations() -> None:
