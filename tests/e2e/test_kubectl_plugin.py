@@ -34,12 +34,11 @@ def plugin_on_path(tmp_path: Path) -> dict[str, str]:
 async def kubectl(
     control_plane: ControlPlane, env: dict[str, str], kubeconfig: Path, *args: str
 ) -> tuple[int, str, str]:
+    # $KUBECONFIG, as a kubectl user has it: kubectl refuses flags before a plugin's name.
     proc = await asyncio.create_subprocess_exec(
         str(control_plane.binary("kubectl")),
-        "--kubeconfig",
-        str(kubeconfig),
         *args,
-        env=env,
+        env={**env, "KUBECONFIG": str(kubeconfig)},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -74,10 +73,11 @@ async def test_kubectl_runs_the_plugin_with_kubectls_habits(
     assert "kubectl-dra_gpu" in listed[1], listed
 
     async def explained() -> tuple[int, dict[str, object]] | None:
-        code, out, _ = await kubectl(
+        code, out, err = await kubectl(
             control_plane, env, kubeconfig, "dra-gpu", "explain", "-A", "-o", "json"
         )
-        found = json.loads(out) if out else {"explanations": []}
+        assert out, f"exit {code}: {err}"
+        found = json.loads(out)
         ours = [e for e in found["explanations"] if e["claim"] == f"{namespace}/waits"]
         return (code, ours[0]) if ours else None
 
