@@ -242,7 +242,7 @@ class DeviceState:
                     continue
                 current = None
             except Exception as exc:  # the API server may be restarting: next round
-                log.info("cannot check claim %s now: %s", ref, exc)
+                log.info("cannot check claim %s now: %s", ref, exc, extra=ref.log_fields)
                 continue
             prepared = [(d.pool, d.device) for d in record.devices]
             reason = claims.stale_reason(current, uid, prepared, self.driver, self.node)
@@ -267,7 +267,7 @@ class DeviceState:
         except ClaimError as exc:
             result: Prepared | PrepareFailed = PrepareFailed(str(exc))
         except Exception as exc:  # the kubelet gets an answer for every claim, always
-            log.exception("prepare of claim %s failed", ref)
+            log.exception("prepare of claim %s failed", ref, extra=ref.log_fields)
             result = PrepareFailed(f"ResourceClaim {ref}: {type(exc).__name__}: {exc}")
         else:
             result = prepared
@@ -275,7 +275,7 @@ class DeviceState:
         metrics.PREPARES.labels(outcome).inc()
         metrics.PREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - started)
         if isinstance(result, PrepareFailed):
-            log.warning("prepare %s: %s", ref, result.message)
+            log.warning("prepare %s: %s", ref, result.message, extra=ref.log_fields)
         return result
 
     async def _prepare(self, ref: ClaimRef) -> checkpoint.PreparedClaim:
@@ -419,9 +419,9 @@ class DeviceState:
             self._claim_locks.pop(ref.uid, None)  # the claim is done with on this node
         except ClaimError as exc:
             error = PrepareFailed(str(exc))
-            log.warning("unprepare %s: %s", ref, exc)
+            log.warning("unprepare %s: %s", ref, exc, extra=ref.log_fields)
         except Exception as exc:
-            log.exception("unprepare of claim %s failed", ref)
+            log.exception("unprepare of claim %s failed", ref, extra=ref.log_fields)
             error = PrepareFailed(f"ResourceClaim {ref}: {type(exc).__name__}: {exc}")
         outcome = "error" if error else "success"
         metrics.UNPREPARES.labels(outcome).inc()
@@ -445,7 +445,7 @@ class DeviceState:
         self._entries.set(ref, [])
         if self._sharing is not None and any(d.share_id for d in recorded.devices):
             for line in await self._sync_sharing():  # the last share of a GPU stops its daemon
-                log.info("claim %s: %s", ref, line)
+                log.info("claim %s: %s", ref, line, extra=ref.log_fields)
 
     # ---- helpers -------------------------------------------------------------------------
 

@@ -255,6 +255,24 @@ def test_json_logs_are_one_object_a_line_with_the_traceback_inside(
     assert datetime.datetime.fromisoformat(failure["time"]).utcoffset() == datetime.timedelta(0)
 
 
+def test_json_logs_name_the_claim_a_line_is_about() -> None:
+    # The agent logs a claim's lines with ClaimRef.log_fields: in JSON, one object a pipeline
+    # can select on, named as klog names an object.
+    script = (
+        "import logging; from dra_gpu import cli; from dra_gpu.agent.claims import ClaimRef; "
+        "cli._configure_logging('INFO', 'json'); ref = ClaimRef('ns', 'c', 'uid-1'); "
+        "logging.getLogger('dra_gpu.agent.state').warning('prepare %s: no', ref, "
+        "extra=ref.log_fields)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    (record,) = [json.loads(line) for line in done.stderr.splitlines()]
+    assert record["message"] == "prepare ns/c: no"
+    assert record["claim"] == {"namespace": "ns", "name": "c", "uid": "uid-1"}
+    assert (record["level"], record["logger"]) == ("WARNING", "dra_gpu.agent.state")
+
+
 def readyz(port: int) -> tuple[int, str] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
