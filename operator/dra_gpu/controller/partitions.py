@@ -168,6 +168,19 @@ def family(counter: str) -> str:
     return re.sub(r"-\d+$", "", counter)
 
 
+def families(
+    counters: Mapping[str, Amount], taken: Mapping[str, Amount]
+) -> dict[str, tuple[Amount, Amount]]:
+    """A counter set's counters (``counters``: how much of each; ``taken``: what allocations
+    consume), summed per ``family``: (used, free); what the metrics and ``status`` show."""
+    found: dict[str, tuple[Amount, Amount]] = {}
+    for counter, value in counters.items():
+        used = taken.get(counter, 0)
+        before_used, before_free = found.get(family(counter), (0, 0))
+        found[family(counter)] = (before_used + used, before_free + max(value - used, 0))
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolUsage:
     """What the allocations of one pool use of its counter sets, and its memory in the metrics."""

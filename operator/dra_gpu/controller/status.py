@@ -123,12 +123,7 @@ def _counter_sets(usage: partitions.Usage, pool: published.Pool) -> list[tuple[s
     used = usage.pool(pool.key)
     found = []
     for name, counter_set in sorted(pool.counter_sets.items()):
-        families: dict[str, list[published.Amount]] = {}
-        for counter, value in counter_set.counters.items():
-            taken = used.used.get(name, {}).get(counter, 0)
-            row = families.setdefault(partitions.family(counter), [0, 0])
-            row[0] += taken
-            row[1] += max(value - taken, 0)
+        families = partitions.families(counter_set.counters, used.used.get(name, {}))
         counters = tuple(Counter(c, u, f) for c, (u, f) in families.items())
         allocated = used.allocated.get(name, 0)
         found.append((counter_set.node or pool.pool, CounterSet(name, allocated, counters)))

@@ -278,12 +278,7 @@ def pool_series(usage: partitions.Usage, pool: published.Pool) -> Series:
         used = usage.pool(pool.key)
         for name, counter_set in pool.counter_sets.items():
             node = counter_set.node or pool.pool
-            families: dict[str, list[published.Amount]] = {}
-            for counter, value in counter_set.counters.items():
-                taken = used.used.get(name, {}).get(counter, 0)
-                row = families.setdefault(partitions.family(counter), [0, 0])
-                row[0] += taken
-                row[1] += max(value - taken, 0)
+            families = partitions.families(counter_set.counters, used.used.get(name, {}))
             for counter, (taken, free) in families.items():
                 found[(metrics.COUNTERS, (node, name, counter, "used"))] = float(taken)
                 found[(metrics.COUNTERS, (node, name, counter, "free"))] = float(free)
