@@ -16,6 +16,7 @@ import pytest_asyncio
 
 from dra_gpu import kube
 from dra_gpu.controller.posting import COMPONENT
+from dra_gpu.exits import ExitCode
 from dra_gpu.testing import ControllerProcess, ControlPlane, eventually
 from tests.e2e.helpers import EXAMPLES, Kubectl, workload
 
@@ -296,7 +297,8 @@ async def test_dra_gpu_explain_prints_the_four_pieces(
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
+    # A piece is missing (no devices published yet): exit 6, as docs/troubleshooting.md says.
+    assert proc.returncode == ExitCode.NOT_SATISFIED, err.decode()
     lines = out.decode().splitlines()
     assert lines[0].startswith(f"ResourceClaim {ns}/{pod}-gpu-")
     assert lines[1].split()[:3] == ["class", "OK", "device"]
