@@ -17,6 +17,7 @@ from typing import Any
 
 from dra_gpu import kube
 from dra_gpu.controller.view import ClusterView
+from dra_gpu.kube import watch
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 PAGE_SIZE = 500
@@ -62,13 +63,9 @@ async def session(
 async def list_items(api: kube.Kube, path: str, **query: Any) -> list[kube.Body]:
     """Every item of a list, page by page."""
     items: list[kube.Body] = []
-    more = ""
-    while True:
-        page = await api.get(path, limit=PAGE_SIZE, **query, **({"continue": more} if more else {}))
+    async for page in watch.pages(api, path, PAGE_SIZE, **query):
         items.extend(page.get("items") or [])
-        more = str((page.get("metadata") or {}).get("continue") or "")
-        if not more:
-            return items
+    return items
 
 
 async def load_view(

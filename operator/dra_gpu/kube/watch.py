@@ -84,7 +84,7 @@ async def forever(
     while True:
         listing: errors.Body = {}
         try:
-            async for page in _pages(api, path, page_size, **query):
+            async for page in pages(api, path, page_size, **query):
                 if page_size is None:
                     listing = page
                 else:
@@ -125,7 +125,7 @@ async def forever(
                 break
 
 
-async def _pages(
+async def pages(
     api: Api, path: str, page_size: int | None, **query: Any
 ) -> AsyncIterator[errors.Body]:
     """A list, whole (``page_size`` None) or page by page; the last page's metadata has
