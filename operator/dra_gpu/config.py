@@ -213,10 +213,24 @@ class ControllerSettings:
     """Explanations and metrics are recomputed at least this often, events or not."""
     kubeconfig: Path | None = None
     """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+    webhook_port: int = 0
+    """HTTPS listener of the admission webhook on every replica (0: no admission)."""
+    webhook_cert_dir: Path | None = None
+    """A directory with ``tls.crt`` and ``tls.key`` kept by someone else (cert-manager's
+    Secret, mounted); re-read when they change. Unset: the controller issues its own CA and
+    serving certificate into ``webhook_secret`` and keeps ``webhook_configuration``'s caBundle."""
+    webhook_secret: str = "dra-gpu-webhook-tls"
+    """The Secret (in ``namespace``) holding the self-issued CA and serving certificate."""
+    webhook_service: str = "dra-gpu-webhook"
+    """The webhook's Service (in ``namespace``): the serving certificate's DNS names."""
+    webhook_configuration: str = "dra-gpu"
+    """The ValidatingWebhookConfiguration whose caBundle the leader keeps (self-issued)."""
 
     def __post_init__(self) -> None:
         if self.lease_seconds < 2:
             raise ValueError(f"lease seconds must be at least 2, got {self.lease_seconds}")
+        if not 0 <= self.webhook_port <= 65535:
+            raise ValueError(f"webhook port must be 0-65535, got {self.webhook_port}")
 
 
 def env_name(field: str) -> str:

@@ -20,7 +20,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dra_gpu.agent import checkpoint, claims, failpoints, files, opaque
+from dra_gpu.agent import checkpoint, claims, failpoints, files
+from dra_gpu.devices import opaque
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.devices import mig, model
 

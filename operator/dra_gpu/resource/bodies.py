@@ -51,7 +51,7 @@ class AllocationResult(TypedDict, total=False):
 class OpaqueDeviceConfiguration(TypedDict, total=False):
     driver: Required[str]
     parameters: Any
-    """The driver's own object, decoded as it came (``agent.opaque`` checks it)."""
+    """The driver's own object, decoded as it came (``devices.opaque`` checks it)."""
 
 
 class DeviceAllocationConfiguration(TypedDict, total=False):

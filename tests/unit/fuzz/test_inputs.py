@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_gpu import cel
-from dra_gpu.agent import checkpoint, opaque
+from dra_gpu.agent import checkpoint
+from dra_gpu.devices import opaque
 from dra_gpu.devices import model, simulated
 
 JSON = st.recursive(

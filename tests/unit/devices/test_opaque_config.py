@@ -2,7 +2,7 @@
 
 import pytest
 
-from dra_gpu.agent import opaque
+from dra_gpu.devices import opaque
 
 DRIVER = "gpu.example.com"
 
