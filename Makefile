@@ -106,6 +106,7 @@ $(PYDRA_VENV)/.installed:
 bench: venv kubebins nodebins images $(PYDRA_VENV)/.installed
 	$(BIN)/python benchmarks/bench_prepare.py --pydra-python $(PYDRA_VENV)/bin/python $(NODE_ARGS)
 	$(BIN)/python benchmarks/bench_controller.py
+	$(BIN)/python benchmarks/bench_admission.py
 	$(BIN)/python benchmarks/bench_cel.py
 
 # The reliability tests at the issue's full size (CI runs them smaller as part of `make test`).

@@ -44,18 +44,26 @@ class Kubectl:
         self.binary = str(binary)
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
 
-    async def __call__(self, *args: str) -> str:
+    async def run(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+        """Exit code, stdout and stderr (where ``kubectl`` prints an admission's
+        ``Warning: ...`` lines and its refusals)."""
         proc = await asyncio.create_subprocess_exec(
             self.binary,
             *args,
             env=self.env,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {err.decode()}")
-        return out.decode()
+        out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    async def __call__(self, *args: str) -> str:
+        code, out, err = await self.run(*args)
+        if code != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {err}")
+        return out
 
 
 async def exists(api: kube.Kube, path: str) -> bool:

@@ -239,6 +239,13 @@ class Explainer:
             usage=view.usage,
         )
 
+    def current_world(self) -> explain.World:
+        """``world()``, built once per generation of the view (every reader of one pass, and
+        admission between passes, shares it)."""
+        if self._world is None or self._world[0] != self.view.generation:
+            self._world = (self.view.generation, self.world())
+        return self._world[1]
+
     def stale(self) -> list[Stale]:
         """Pending claims with a waiting pod whose explanation's inputs changed, each with
         whether its own inputs (the claim, its pods) changed: those come first — a new waiting
@@ -466,10 +473,8 @@ class Explainer:
             return _Done(key, inputs, uid, claim, waiting, result)
         if not self._concerns_us(claim):
             return _Done(key, inputs, uid, claim, waiting, None)
-        if self._world is None or self._world[0] != self.view.generation:
-            self._world = (self.view.generation, self.world())
         result = explain.explain(
-            claim, self._world[1], classes=self.view.classes, pod=waiting[0], detail=False
+            claim, self.current_world(), classes=self.view.classes, pod=waiting[0], detail=False
         )
         self.explained += 1
         return _Done(key, inputs, uid, claim, waiting, result)

@@ -15,8 +15,10 @@ prepare failures       ``prepares.PrepareFailures``           its own watch of t
                                                               Events -> the view, a counter
 metrics                ``tallies.Tally``                      changed pools, devices, classes
 pod timings            ``timings.PodTimings``                 changed pods and their claims'
-claim explanations     ``explaining.Explainer``               claims whose inputs changed;
+claim explanations     ``explainer.Explainer``                claims whose inputs changed;
                                                               posted by a task of its own
+admission (all)        ``admission.webhook.Webhook``          Kopf ``on.validate``: each review
+                                                              against the view; certificates
 class checks           ``classes.ClassChecks``                edited classes; after pool changes
 pool/slice checks      ``pools.PoolChecks``                   changed slices, vanished nodes
 status repair          ``repair.StatusRepair``                changed claims
@@ -40,13 +42,15 @@ import datetime
 import logging
 import os
 import socket
-from typing import NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 import kopf
 
 from dra_gpu import kube
 from dra_gpu.config import ControllerSettings
-from dra_gpu.controller import selections, wiring
+from dra_gpu.controller import explain, selections, wiring
+from dra_gpu.controller.admission.webhook import Webhook
 from dra_gpu.controller.classes import ClassChecks
 from dra_gpu.controller.explainer import Explainer
 from dra_gpu.controller.leader import LeaderElector
@@ -97,13 +101,36 @@ class Controller:
         self._wake = asyncio.Event()
         self._leading = False
         self.reconciled = 0
+        self.webhook = (
+            Webhook(
+                settings,
+                api,
+                self.explain_now,
+                is_leader=lambda: self.leader.is_leader,
+                leader_changed=self.leader.changed,
+            )
+            if settings.webhook_port
+            else None
+        )
 
     def wake(self) -> None:
         """Something changed: a pass is due."""
         self._wake.set()
 
     def registry(self) -> kopf.OperatorRegistry:
-        return wiring.registry(self.view, self.wake)
+        if self.webhook is None:
+            return wiring.registry(self.view, self.wake)
+        handlers = wiring.registry(self.view, self.wake, self.webhook.server)
+        self.webhook.register(handlers)
+        return handlers
+
+    def explain_now(self, claim: Mapping[str, Any]) -> explain.Explanation | None:
+        """``claim`` against this replica's view as of its last pass (admission's warnings);
+        None before the first pass, when the view is still filling."""
+        if not self.reconciled:
+            return None
+        world = self.explainer.current_world()
+        return explain.explain(claim, world, classes=self.view.classes, detail=False)
 
     # ---- running -------------------------------------------------------------------------
 
@@ -118,6 +145,8 @@ class Controller:
                 jobs.create_task(self.prepares.watch_forever(), name="prepare-failures")
                 if kopf_task is not None:
                     jobs.create_task(wiring.wait_for_kopf(kopf_task), name="watches")
+                if self.webhook is not None:
+                    jobs.create_task(self.webhook.run_forever(), name="webhook-certificates")
                 jobs.create_task(_raise_when(stopping), name="stop")
         except* _Stopped:
             pass
@@ -210,8 +239,11 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
         async def readyz() -> tuple[bool, str]:
             if waiting is not None:
                 return False, waiting
-            ok = controller.reconciled > 0
-            return ok, "ok" if ok else "no complete pass over the cluster yet"
+            if not controller.reconciled:
+                return False, "no complete pass over the cluster yet"
+            if controller.webhook is not None:
+                return controller.webhook.serving()
+            return True, "ok"
 
         async with httpserver.serving(
             settings, registry=metrics.CONTROLLER, healthz=healthz, readyz=readyz

@@ -5,7 +5,8 @@ Owns: the Kopf registry — one ``on.event`` handler per kind, each a call of
 lifetime in the process (``watching``). Event handlers are the one kind of Kopf handler that
 stores nothing on the objects: no annotations, no finalizers, and with ``_NoDiffBase`` no
 "last handled" state either, because Pods, ResourceClaims and DeviceClasses belong to users.
-Kopf's own event posting is off; our Events are posted by the ``Reporter``.
+Kopf's own event posting is off; our Events are posted by the ``Reporter``. Kopf also serves the
+admission webhook, when the controller gives it one (``admission``).
 
 Kopf takes SIGTERM and SIGINT for itself when it starts, and when it stops it cancels every
 task started after it. So ``watching`` gives the signals back to the process once Kopf is up,
@@ -39,9 +40,13 @@ LIST_CHUNK = 500
 """Objects per page of Kopf's initial listings (a big cluster's Pods without a big spike)."""
 
 
-def registry(view: ClusterView, changed: Callable[[], None]) -> kopf.OperatorRegistry:
+def registry(
+    view: ClusterView, changed: Callable[[], None], webhook: kopf.WebhookServer | None = None
+) -> kopf.OperatorRegistry:
     """Kopf's handlers: every watch event of the five kinds into ``view``; ``changed`` is
-    called when the view changed (in a field it keeps)."""
+    called when the view changed (in a field it keeps). ``webhook``: Kopf serves the
+    admission handlers added to the registry (``admission.handlers``) there, with no webhook
+    configuration of its own (the chart's is the one)."""
     handlers = kopf.OperatorRegistry()
     for group, version, plural, kind in WATCHED:
         _feed(handlers, view, changed, group, version, plural, kind)
@@ -64,6 +69,8 @@ def registry(view: ClusterView, changed: Callable[[], None]) -> kopf.OperatorReg
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.networking.error_backoffs = [1, 2, 5]
+        settings.admission.server = webhook
+        settings.admission.managed = None
 
     return handlers
 

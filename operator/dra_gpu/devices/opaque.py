@@ -155,6 +155,19 @@ def effective_configs(
     return result
 
 
+def check_entries(entries: object, driver: str, where: str) -> None:
+    """Decode every entry of a ``config`` list (a claim's ``spec.devices.config``, a class's
+    ``spec.config``) that is for ``driver``, as prepare will; ``where`` names the list
+    (``spec.devices.config``). Raises ``InvalidConfig`` naming the entry and the field:
+    what admission refuses is exactly what prepare would refuse."""
+    if not isinstance(entries, list):
+        return  # absent (or not a list: the API server's own schema refuses that)
+    for index, entry in enumerate(entries):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        if isinstance(opaque, dict) and opaque.get("driver") == driver:
+            decode(opaque.get("parameters"), f"{where}[{index}].opaque.parameters")
+
+
 def _mapping(value: object, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidConfig(f"{where}: expected an object, found {type(value).__name__}")

@@ -370,6 +370,28 @@ DEVICE_STATUS_REPAIRS = Counter(
     "status.devices entries of our driver removed because the device is no longer allocated.",
     registry=CONTROLLER,
 )
+ADMISSION_RESULTS = ("allowed", "refused", "error")
+ADMISSION_REQUESTS = Counter(
+    "dra_gpu_admission_requests_total",
+    "Admission reviews this replica answered, by kind (resourceclaims, resourceclaimtemplates, "
+    "deviceclasses) and result: allowed, refused (a config prepare would refuse), error (the "
+    "review failed; the API server applies the webhook's failurePolicy).",
+    ["kind", "result"],
+    registry=CONTROLLER,
+)
+ADMISSION_WARNINGS = Counter(
+    "dra_gpu_admission_warnings_total",
+    "Objects admitted with a warning that nothing can satisfy them now, by kind.",
+    ["kind"],
+    registry=CONTROLLER,
+)
+ADMISSION_SECONDS = Histogram(
+    "dra_gpu_admission_duration_seconds",
+    "Time to answer one admission review, by kind (the handler's own time).",
+    ["kind"],
+    buckets=_LATENCY_BUCKETS,
+    registry=CONTROLLER,
+)
 LEADER = Gauge(
     "dra_gpu_controller_leader",
     "1 on the controller replica that holds the lease.",

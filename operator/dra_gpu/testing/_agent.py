@@ -249,6 +249,9 @@ class ControllerProcess(DraGpuProcess):
     lease_seconds: int = 15
     resync_seconds: float = 30.0
     driver: str = DEFAULT_DRIVER_NAME
+    webhook_port: int = 0
+    """The admission webhook's port (0: none); its certificate is self-issued into the
+    Secret ``dra-gpu-webhook-tls`` of ``namespace``."""
     name = "controller"
 
     def __str__(self) -> str:
@@ -280,6 +283,7 @@ class ControllerProcess(DraGpuProcess):
             f"--resync-seconds={self.resync_seconds}",
             f"--kubeconfig={self.kubeconfig}",
             "--bind-address=127.0.0.1",
+            f"--webhook-port={self.webhook_port}",
         ]
 
 

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from dra_gpu import cel
 from dra_gpu.agent import checkpoint
-from dra_gpu.devices import opaque
-from dra_gpu.devices import model, simulated
+from dra_gpu.devices import model, opaque, simulated
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.kube.servers import Pki
+from tests.support.api_servers import Pki
 
 
 def _openssl(cwd: Path, *args: str) -> None:

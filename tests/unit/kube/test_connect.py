@@ -19,7 +19,7 @@ import pytest
 
 from dra_gpu import kube
 from dra_gpu.kube import auth, tokens, transport
-from tests.unit.kube.servers import (
+from tests.support.api_servers import (
     LAST_CHUNK,
     Pki,
     Server,

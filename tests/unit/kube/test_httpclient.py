@@ -13,7 +13,7 @@ import pytest
 from dra_gpu.kube import transport
 from dra_gpu.kube.transport import Client, Timeout
 from dra_gpu.testing import eventually
-from tests.unit.kube.servers import (
+from tests.support.api_servers import (
     LAST_CHUNK,
     Pki,
     answer,

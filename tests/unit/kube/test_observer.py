@@ -14,7 +14,7 @@ from dra_gpu import kube
 from dra_gpu.kube import transport
 from dra_gpu.kube.client import verb_of
 from dra_gpu.serving import metrics
-from tests.unit.kube.servers import answer, chunked_head, read_request, serving
+from tests.support.api_servers import answer, chunked_head, read_request, serving
 
 
 class Recorder:

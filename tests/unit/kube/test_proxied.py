@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dra_gpu import kube
-from tests.unit.kube.servers import Pki, proxying, serving
+from tests.support.api_servers import Pki, proxying, serving
 from tests.unit.kube.test_connect import echo, headers_of, tls_echo, write_kubeconfig
 
 SECRET = "Basic " + base64.b64encode(b"me:s3cr@t").decode()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dra_gpu import kube
-from tests.unit.kube.servers import Pki, Server, answer, read_request, serving
+from tests.support.api_servers import Pki, Server, answer, read_request, serving
 from tests.unit.kube.test_connect import headers_of, write_kubeconfig
 
 PLUGIN = """
