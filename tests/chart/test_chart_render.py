@@ -51,14 +51,19 @@ def test_default_render_has_one_object_per_piece() -> None:
         ("DaemonSet", "rel-dra-gpu-agent"),
         ("Deployment", "rel-dra-gpu-controller"),
         ("DeviceClass", "gpu.example.com"),
+        ("PodDisruptionBudget", "rel-dra-gpu-controller"),
         ("Role", "rel-dra-gpu-controller-leader"),
+        ("Role", "rel-dra-gpu-controller-webhook"),
         ("RoleBinding", "rel-dra-gpu-controller-leader"),
+        ("RoleBinding", "rel-dra-gpu-controller-webhook"),
         ("Service", "rel-dra-gpu-agent-metrics"),
         ("Service", "rel-dra-gpu-controller-metrics"),
+        ("Service", "rel-dra-gpu-webhook"),
         ("ServiceAccount", "rel-dra-gpu-agent"),
         ("ServiceAccount", "rel-dra-gpu-controller"),
         ("ValidatingAdmissionPolicy", "dra-rel-dra-gpu-agent-own-node"),
         ("ValidatingAdmissionPolicyBinding", "dra-rel-dra-gpu-agent-own-node"),
+        ("ValidatingWebhookConfiguration", "dra-rel-dra-gpu"),
     ]
 
 
@@ -237,12 +242,30 @@ def test_controller_runs_as_non_root_with_read_only_root() -> None:
     assert probes == {"/healthz", "/readyz"}
 
 
-def test_no_rule_grants_secrets_or_wildcards() -> None:
+def test_no_rule_grants_wildcards_and_secrets_only_the_webhooks_own() -> None:
+    """The one Secret: the admission webhook's self-issued certificate, by name (create cannot
+    be named), in the controller's webhook Role (tests/chart/test_chart_render_admission.py)."""
     for doc in render("--values", str(FULL_VALUES)):
         for rule in doc.get("rules", []):
             named = [*rule.get("resources", []), *rule.get("verbs", []), *rule["apiGroups"]]
             assert "*" not in named, rule
-            assert not {"secrets", "configmaps"} & set(rule.get("resources", [])), rule
+            assert "configmaps" not in rule.get("resources", []), rule
+            if "secrets" not in rule.get("resources", []):
+                continue
+            assert (doc["kind"], doc["metadata"]["name"]) == (
+                "Role",
+                "acme-gpus-controller-webhook",
+            )
+            assert rule["resources"] == ["secrets"], rule
+            assert rule in (
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": ["acme-gpus-webhook-tls"],
+                    "verbs": ["get", "update"],
+                },
+            ), rule
 
 
 def test_driver_name_is_one_value_used_everywhere() -> None:

@@ -24,6 +24,8 @@ def test_rules_select_the_jobs_of_the_charts_monitors() -> None:
     rule = find(docs, "PrometheusRule")
     rules = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
     assert sorted(rules) == [
+        "DraGpuAdmissionErrors",
+        "DraGpuAdmissionRefusalsHigh",
         "DraGpuAgentDown",
         "DraGpuCheckpointCorrupted",
         "DraGpuClaimsPendingWhileDevicesFree",

@@ -68,6 +68,7 @@ class FakeApi:
         self.version += 1
         obj = json.loads(json.dumps(obj))
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+        obj["metadata"].setdefault("uid", f"uid-{self.version}")  # set once, at create
         self.objects[path] = obj
         return obj
 
@@ -182,11 +183,20 @@ async def test_the_leader_creates_the_secret_and_sets_every_ca_bundle(tmp_path: 
         await keeping.run_once()
         assert fake.calls() == [
             ("GET", SECRET),
+            ("GET", VWC),  # its owner: the configuration's deletion deletes the Secret
             ("POST", SECRETS),
             ("GET", VWC),
             ("PATCH", VWC),
         ]
         secret = fake.objects[SECRET]
+        assert secret["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "name": "dra-gpu",
+                "uid": fake.objects[VWC]["metadata"]["uid"],
+            }
+        ]
         assert secret["type"] == "kubernetes.io/tls"
         assert sorted(secret["data"]) == ["ca.crt", "ca.key", "tls.crt", "tls.key"]
         stored = secret_stored(fake)
@@ -274,6 +284,7 @@ async def test_a_create_that_lost_the_race_reads_the_winners_secret(tmp_path: Pa
         await make_keeper(api, tmp_path, [True]).run_once()
     assert fake.calls() == [
         ("GET", SECRET),
+        ("GET", VWC),
         ("POST", SECRETS),  # 409: another replica created it a moment before
         ("GET", SECRET),
         ("GET", VWC),
@@ -323,7 +334,8 @@ async def test_a_missing_configuration_is_logged_once_and_looked_for_again(
         await keeping.run_once()
     missing = [r for r in caplog.records if "no ValidatingWebhookConfiguration" in r.message]
     assert len(missing) == 1
-    assert fake.calls().count(("GET", VWC)) == 3
+    assert fake.calls().count(("GET", VWC)) == 4  # the first also for the Secret's owner
+    assert "ownerReferences" not in fake.objects[SECRET]["metadata"]  # none to own it then
     assert ("PATCH", VWC) in fake.calls()
     assert keeping.ready.is_set()  # the files do not wait for the configuration
 

@@ -168,7 +168,11 @@ class CertificateKeeper:
                 return secret
             try:
                 if secret is None:
-                    created = await self.api.create(self.secrets, self._secret_body(wanted))
+                    body = self._secret_body(wanted)
+                    owners = await self._owner()
+                    if owners:
+                        body["metadata"]["ownerReferences"] = owners
+                    created = await self.api.create(self.secrets, body)
                     log.info("webhook certificates: created the Secret %s", self.secret_name)
                     return created
                 body = self._secret_body(wanted, secret)
@@ -187,6 +191,25 @@ class CertificateKeeper:
             f"the Secret {self.secret_name} kept changing under us ({CONFLICT_ATTEMPTS} "
             "conflicts in a row)"
         )
+
+    async def _owner(self) -> list[kube.Body]:
+        """The webhook configuration as the Secret's owner: deleting it (``helm uninstall``,
+        admission turned off) deletes the Secret, which the chart does not own. None while
+        the configuration does not exist."""
+        try:
+            configuration = await self.api.get(self.vwc_path)
+        except kube.ApiError as exc:
+            if exc.not_found:
+                return []
+            raise
+        return [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "name": self.vwc_name,
+                "uid": configuration["metadata"]["uid"],
+            }
+        ]
 
     def _secret_body(
         self, stored: certificates.Stored, current: kube.Body | None = None
