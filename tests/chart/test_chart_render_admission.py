@@ -80,6 +80,8 @@ def test_three_webhooks_send_each_kind_to_its_path_on_the_controllers_service() 
     ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
     assert ports["webhook"] == 8443
     assert container(deployment)["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Deleted, a replica serves on until the API server no longer picks its endpoint.
+    assert container(deployment)["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
 
     configuration = find(docs, "ValidatingWebhookConfiguration")
     assert configuration["metadata"]["name"] == CONFIGURATION
