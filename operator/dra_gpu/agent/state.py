@@ -59,14 +59,13 @@ from dra_gpu.agent import (
     failpoints,
     mig_instances,
     mps,
-    opaque,
     recovery,
     sources,
     toolkit,
 )
 from dra_gpu.agent.claims import ClaimError, ClaimRef
 from dra_gpu.agent.status import ClaimEntries, StatusSink
-from dra_gpu.devices import edits, model
+from dra_gpu.devices import edits, model, opaque
 from dra_gpu.resource import bodies
 from dra_gpu.serving import metrics
 

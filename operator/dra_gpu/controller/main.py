@@ -53,7 +53,7 @@ from dra_gpu.controller import explain, selections, wiring
 from dra_gpu.controller.admission.webhook import Webhook
 from dra_gpu.controller.classes import ClassChecks
 from dra_gpu.controller.explainer import Explainer
-from dra_gpu.controller.leader import LeaderElector
+from dra_gpu.controller.leader import LeaderElector, NotLeading
 from dra_gpu.controller.pools import PoolChecks
 from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.prepares import PrepareFailures
@@ -87,9 +87,8 @@ class Controller:
             name=settings.lease_name,
             identity=identity,
             lease_seconds=settings.lease_seconds,
-            renew_seconds=max(1.0, settings.lease_seconds / 3),
         )
-        self.reporter = Reporter(api, identity)
+        self.reporter = Reporter(api, identity, lambda: self.leader.is_leader)
         self.selections = Selections()
         self.tally = Tally(self.driver, self.selections)
         self.timings = PodTimings()
@@ -185,9 +184,18 @@ class Controller:
                     part.sweep()
             for part in leader_parts:
                 part.note(changes)
-            await self.explainer.explain_pending()
-            for part in leader_parts:
-                await part.run_once()
+            # Cut off where the leadership ends (the renew deadline), however long a write
+            # inside hangs: no replica writes once another may have taken over.
+            try:
+                async with self.leader.acting():
+                    await self.explainer.explain_pending()
+                    for part in leader_parts:
+                        await part.run_once()
+            except NotLeading:
+                pass
+            except TimeoutError:
+                if self.leader.is_leader:
+                    raise  # a request's own timeout, not the leadership's end
         else:
             if self._leading:
                 log.info("no longer leading: explanations and checks stop")

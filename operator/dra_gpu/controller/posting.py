@@ -12,7 +12,7 @@ Must not: work out what to say (``explainer`` and ``explain`` do).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dra_gpu import kube
 from dra_gpu.kube import events
@@ -24,9 +24,14 @@ COMPONENT = "dra-gpu-controller"
 
 
 class Reporter:
-    def __init__(self, api: kube.Kube, host: str) -> None:
+    def __init__(
+        self, api: kube.Kube, host: str, leading: Callable[[], bool] = lambda: True
+    ) -> None:
         self.api = api
         self.host = host
+        self.leading = leading
+        """Whether this replica may write now (the elector's renew deadline, read at each
+        post): an Event queued by a leader that has since stopped leading is not posted."""
         self.recorder = events.Recorder(api, COMPONENT, host)
         self._posted: dict[bodies.ClaimUID, str] = {}  # -> the message last posted
 
@@ -47,7 +52,7 @@ class Reporter:
         """Post ``message`` unless it is what was last posted for this claim (``type_``
         Normal: an all-clear, e.g. the claim was prepared after all)."""
         uid = bodies.claim_uid(claim)
-        if self._posted.get(uid) == message:
+        if self._posted.get(uid) == message or not self.leading():
             return False
         if uid not in self._posted and await self._last_message(claim) == message:
             self._posted[uid] = message
@@ -66,6 +71,8 @@ class Reporter:
     ) -> None:
         """One Event of ours (Warning unless told) on ``body`` (a core or resource.k8s.io
         object)."""
+        if not self.leading():
+            return
         api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
         ref = events.object_ref({**body, "apiVersion": api_version, "kind": kind})
         await self.recorder.post(ref, type_=type_, reason=reason, message=message)
