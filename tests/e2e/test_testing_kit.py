@@ -1,9 +1,11 @@
-"""The test kit itself: real nodes the scheduler binds to and whose kubelets run pods, and a
-background cluster (``make cluster-up``) that starts once, is reused, and leaves nothing on the
-host: not after ``cluster_down`` (``make cluster-down``), and not after a killed run — mounts,
-processes, network interfaces and cgroups compared with what was there before. A killed run's
-cgroups are empty directories the kernel cannot remove by itself; the next start of a node
-removes them (``RealNode.start``)."""
+"""The test kit itself: real nodes the scheduler binds to and whose kubelets run pods, an API
+server that reaches the kubelets (logs, exec) and the pods (a Service's endpoints, the proxy
+subresources) through the nodes' networks as a real cluster's does, and a background cluster
+(``make cluster-up``) that starts once, is reused, and leaves nothing on the host: not after
+``cluster_down`` (``make cluster-down``), and not after a killed run — mounts, processes,
+network interfaces and cgroups compared with what was there before. A killed run's cgroups are
+empty directories the kernel cannot remove by itself; the next start of a node removes them
+(``RealNode.start``)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from dra_gpu.testing import (
     prometheus_of,
 )
 from dra_gpu.testing._node import _hierarchies, _remove_orphaned_cgroups
-from tests.e2e.helpers import exists, workload
+from tests.e2e.helpers import WORKLOAD_IMAGE, Kubectl, exists, workload
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
@@ -87,6 +89,114 @@ async def test_pod_without_claims_runs_on_its_node_and_its_deletion_completes(
         return False
 
     await eventually(gone, what="pod plain deleted")
+
+
+WEB_PORT = 8080
+# Busybox's httpd (the workload image), serving a page that names its pod.
+WEB_COMMAND = (
+    'mkdir -p /www && echo "hello from $HOSTNAME" > /www/index.html && '
+    f"trap 'exit 0' TERM; httpd -f -p {WEB_PORT} -h /www & wait"
+)
+
+
+def egress_log(control_plane: ControlPlane) -> str:
+    """What the API server's egress proxy logged (one line per CONNECT)."""
+    return (control_plane.logs_dir / "egress.log").read_text()
+
+
+async def test_api_server_reaches_a_pod_behind_a_service_through_the_nodes_network(
+    api: kube.Kube, kubectl: Kubectl, control_plane: ControlPlane, namespace: str
+) -> None:
+    """As webhooks behind a Service are reached (``--enable-aggregator-routing``): a ready
+    endpoint's pod IP, dialled through the API server's egress into the node's network."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    await api.create(
+        pods,
+        {
+            "metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "node-02"},
+                "containers": [
+                    {
+                        "name": "web",
+                        "image": WORKLOAD_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", WEB_COMMAND],
+                        "ports": [{"containerPort": WEB_PORT}],
+                        "readinessProbe": {
+                            "httpGet": {"path": "/", "port": WEB_PORT},
+                            "periodSeconds": 1,
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    await api.create(
+        f"/api/v1/namespaces/{namespace}/services",
+        {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": WEB_PORT}]},
+        },
+    )
+    service_proxy = f"/api/v1/namespaces/{namespace}/services/http:web:{WEB_PORT}/proxy/"
+
+    async def served() -> str | None:
+        try:
+            return await kubectl("get", "--raw", service_proxy)
+        except AssertionError:  # 503 until the endpoint is ready
+            return None
+
+    assert await eventually(served, what="the Service's page") == "hello from web\n"
+    pod_ip = (await api.get(f"{pods}/web"))["status"]["podIP"]
+    assert pod_ip.startswith("198.19.2."), "from node-02's pod subnet"
+    pod_proxy = f"{pods}/http:web:{WEB_PORT}/proxy/"
+    assert await kubectl("get", "--raw", pod_proxy) == "hello from web\n"
+    assert f"CONNECT {pod_ip}:{WEB_PORT} -> {pod_ip}:{WEB_PORT} in node node-02 (pod)" in (
+        egress_log(control_plane)
+    )
+
+    # The kubelet, as the API server dials it (the node's name), through the same proxy.
+    assert await kubectl("exec", "-n", namespace, "web", "--", "cat", "/www/index.html") == (
+        "hello from web\n"
+    )
+    await kubectl("logs", "-n", namespace, "web")
+    assert "CONNECT node-02:10250 -> 192.0.2.2:10250 in node node-02 (node)" in (
+        egress_log(control_plane)
+    )
+
+
+async def test_api_server_dial_to_an_address_nobody_routes_fails_at_once_with_the_reason(
+    api: kube.Kube, kubectl: Kubectl, control_plane: ControlPlane, namespace: str
+) -> None:
+    """A pod no node runs, given an address of no node's (TEST-NET-3): the proxy answers 502,
+    the API server 503 naming the address; nothing waits for a dial that cannot happen."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    await api.create(
+        pods,
+        {
+            "metadata": {"name": "nowhere"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "no-such-node"},  # stays Pending
+                "containers": [workload()],
+            },
+        },
+    )
+    address = "203.0.113.7"
+    await api.patch(
+        f"{pods}/nowhere/status",
+        {"status": {"podIP": address, "podIPs": [{"ip": address}]}},
+    )
+    try:
+        await kubectl("get", "--raw", f"{pods}/http:nowhere:80/proxy/", "--request-timeout=60s")
+    except AssertionError as failed:
+        message = str(failed)
+    else:
+        raise AssertionError("a pod at an address nobody routes answered")
+    assert f"{address}:80" in message
+    assert "no route to 203.0.113.7" in message, "the proxy's reason, through the API server"
+    assert f"CONNECT {address}:80 refused: no route to {address}" in egress_log(control_plane)
+    await api.delete(f"{pods}/nowhere", grace_period_seconds=0)
 
 
 def mounts() -> set[str]:

@@ -4,7 +4,13 @@ and kube-scheduler, built from the upstream Go modules by ``hack/build-kubebins.
 The handle owns a temporary directory (PKI, tokens, kubeconfig, data, logs) and every process
 it starts. Processes are started from the calling thread with a parent-death signal, so they
 die with the test run even when it is killed; ``stop()`` terminates exactly those PIDs, in
-reverse start order. Nothing here listens on anything but 127.0.0.1.
+reverse start order. Nothing here listens on anything but 127.0.0.1 and unix sockets in the
+workdir.
+
+The API server reaches the cluster (kubelets, and pods: webhooks and aggregated APIs behind
+Services, ``services/proxy``, ``pods/proxy``) as a real one does through Konnectivity: its
+``cluster`` egress is an HTTP CONNECT proxy (``_egress.py``, on ``egress_socket``) that routes by
+the table the nodes add themselves to (``route_to_node``) into the nodes' network namespaces.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from dra_gpu.testing import _egress
 from dra_gpu.testing._lifecycle import StartStop
 
 DEFAULT_K8S_VERSION = "v1.37.2"
@@ -132,6 +140,7 @@ class ControlPlane(StartStop):
         self.token = secrets.token_hex(16)
         self._processes: list[_Process] = []
         self._node_gateway: subprocess.Popen[bytes] | None = None
+        self._routes_lock = threading.Lock()
 
     # ---- paths ---------------------------------------------------------------------------
 
@@ -156,10 +165,14 @@ class ControlPlane(StartStop):
         return self.pki_dir / "ca.crt"
 
     @property
-    def hosts_file(self) -> Path:
-        """The API server's ``/etc/hosts`` (a bind mount in its own mount namespace): it dials
-        a kubelet (logs, exec) by the node's name, which real nodes add here."""
-        return self.workdir / "hosts"
+    def egress_socket(self) -> Path:
+        """The API server's ``cluster`` egress: the HTTP CONNECT proxy into the nodes."""
+        return self.workdir / "egress.sock"
+
+    @property
+    def egress_routes(self) -> Path:
+        """The proxy's routing table (``_egress.write_routes``), re-read per connection."""
+        return self.workdir / "egress-routes.json"
 
     @property
     def node_gateway(self) -> Path:
@@ -186,6 +199,7 @@ class ControlPlane(StartStop):
             self._write_pki()
             self._write_kubeconfig()
             self._start_etcd()
+            self._start_egress()
             self._start_apiserver()
             self._start_controller_manager()
             self._start_scheduler()
@@ -216,11 +230,14 @@ class ControlPlane(StartStop):
         self.stop_component("kube-apiserver")
         self._start_apiserver()
 
-    def add_host(self, name: str, address: str = "127.0.0.1") -> None:
-        """Make ``name`` resolve to ``address`` for the API server (written in place: the bind
-        mount follows the file, not a new one put in its place)."""
-        with self.hosts_file.open("a") as hosts:
-            hosts.write(f"{address} {name}\n")
+    def route_to_node(self, name: str, address: str, pod_subnet: str, socket: Path) -> None:
+        """Route the API server's dials to ``name`` or ``address`` (the node's kubelet, its
+        host ports) and to ``pod_subnet`` (its pods) through the node's forwarder at
+        ``socket`` (``_egress.py node``); replaces an earlier route of the same node."""
+        entry = _egress.NodeRoute(name, address, pod_subnet, str(socket.absolute()))
+        with self._routes_lock:
+            routes = _egress.read_routes(self.egress_routes)
+            _egress.write_routes(self.egress_routes, _egress.with_node(routes, entry))
 
     def open_node_gateway(self) -> Path:
         """Start (once) the forwarder from ``node_gateway`` to the API server."""
@@ -260,9 +277,12 @@ class ControlPlane(StartStop):
 
     # ---- components ----------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str], wrapper: tuple[str, ...] = ()) -> _Process:
+    def _spawn(self, name: str, args: list[str]) -> _Process:
+        return self._spawn_argv(name, [str(self.binary(name)), *args])
+
+    def _spawn_argv(self, name: str, argv: list[str]) -> _Process:
         log = self.logs_dir / f"{name}.log"
-        popen = spawn_logged([*wrapper, str(self.binary(name)), *args], log, cwd=self.workdir)
+        popen = spawn_logged(argv, log, cwd=self.workdir)
         proc = _Process(name, popen, log)
         self._processes.append(proc)
         return proc
@@ -288,15 +308,56 @@ class ControlPlane(StartStop):
         )
         self._wait_http(proc, f"{client}/health", lambda body: b'"health":"true"' in body)
 
+    def _start_egress(self) -> None:
+        """The proxy behind the API server's ``cluster`` egress (see ``egress_socket``)."""
+        self.egress_socket.unlink(missing_ok=True)
+        proc = self._spawn_argv(
+            "egress",
+            [
+                sys.executable,
+                str(Path(_egress.__file__)),
+                "host",
+                # Relative (the cwd is the workdir): a unix socket's path has at most 107 bytes.
+                f"--listen={self.egress_socket.name}",
+                f"--routes={self.egress_routes}",
+            ],
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        while not self.egress_socket.exists():
+            if proc.popen.poll() is not None or time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"the egress proxy did not open {self.egress_socket}; "
+                    f"last lines of {proc.log}:\n{_tail(proc.log)}"
+                )
+            time.sleep(0.05)
+
+    def _write_egress_config(self) -> Path:
+        """``cluster`` (kubelets, Services' endpoints, proxy subresources) through the egress
+        proxy; ``controlplane`` (webhooks by URL) and ``etcd`` stay direct."""
+        config = self.workdir / "egress-selector.json"
+        selection = {
+            "name": "cluster",
+            "connection": {
+                "proxyProtocol": "HTTPConnect",
+                # Relative to the API server's cwd, the workdir (107 bytes at most).
+                "transport": {"uds": {"udsName": self.egress_socket.name}},
+            },
+        }
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "apiserver.k8s.io/v1beta1",
+                    "kind": "EgressSelectorConfiguration",
+                    "egressSelections": [selection],
+                },
+                indent=2,
+            )
+        )
+        return config
+
     def _start_apiserver(self) -> None:
         pki = self.pki_dir
-        if not self.hosts_file.exists():
-            self.hosts_file.write_text("127.0.0.1 localhost\n")
-        # Its own mount namespace, where /etc/hosts is ours (see hosts_file).
-        in_own_hosts = (
-            *(_tool("unshare"), "--mount", "--propagation", "private", "--"),
-            *(_tool("sh"), "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts_file)),
-        )
+        egress_config = self._write_egress_config()
         proc = self._spawn(
             "kube-apiserver",
             [
@@ -321,9 +382,12 @@ class ControlPlane(StartStop):
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
+                # Webhooks (and aggregated APIs) behind a Service dial a ready endpoint's pod
+                # IP, as services/proxy does: the nodes have no kube-proxy for ClusterIPs.
+                "--enable-aggregator-routing=true",
+                f"--egress-selector-config-file={egress_config}",
                 "--v=1",
             ],
-            wrapper=in_own_hosts,
         )
         self._wait_http(proc, f"{self.server}/readyz", lambda body: body.strip() == b"ok")
 

@@ -13,9 +13,11 @@ namespace has no route to this machine's loopback, and the API server no route t
 - node -> API server: forwarders in the node listen on ``127.0.0.1:6443`` (the kubelet) and on
   the ``kubernetes`` Service address ``:443`` (pods), and connect to the control plane's
   ``node_gateway`` socket, whose forwarder connects to the API server;
-- API server -> kubelet (logs, exec): the kubelet serves on port P of the node; the API server
-  resolves the node's name to 127.0.0.1 (``ControlPlane.add_host``) where a forwarder on P
-  connects to the node's ``kubelet.sock``, whose forwarder in the node connects to the kubelet.
+- API server -> node (kubelet: logs, exec, port-forward; pods: webhooks and aggregated APIs
+  behind Services, ``services/proxy``, ``pods/proxy``): the API server's ``cluster`` egress is
+  the control plane's CONNECT proxy (``_egress.py``), which routes the node's name and address
+  and its pod subnet (``ControlPlane.route_to_node``, at ``start()``) to the node's
+  ``egress.sock``, where the node's forwarder (``_egress.py node``) dials inside the node.
 """
 
 from __future__ import annotations
@@ -32,15 +34,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dra_gpu.testing import _kubelet_checkpoint
+from dra_gpu.testing import _egress, _kubelet_checkpoint
 from dra_gpu.testing._control_plane import (
     FIRST_SERVICE_IP,
     ControlPlane,
     ControlPlaneError,
     _tail,
-    _terminate,
     _tool,
-    free_port,
     spawn_logged,
     write_kubeconfig,
 )
@@ -62,9 +62,11 @@ API_PORT_IN_NODE = 6443
 CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 """In the node's own /run: a unix socket's path has at most 107 bytes, and a test's state
 directory can be longer (the sockets the host reaches are named relative to theirs)."""
-KUBELET_SOCKET = "kubelet.sock"
-"""In the node's state directory: the host's forwarder for the API server's calls to the
-kubelet connects to it, the node's forwarder to the kubelet listens on it."""
+EGRESS_SOCKET = "egress.sock"
+"""In the node's state directory: the node's end of the API server's egress listens on it
+(``_egress.py node``, in the node's network namespace); the control plane's proxy connects."""
+KUBELET_PORT = 10250
+"""The kubelet's port, in the node's own network namespace (the same on every node)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,9 +205,8 @@ class RealNode(StartStop):
         """Of every node this process starts: the PID in the name lets a later run remove
         what a killed one left (``_remove_orphaned_cgroups``)."""
         self.ready_timeout = ready_timeout
-        self.kubelet_port = 0
+        self.kubelet_port = KUBELET_PORT
         self._unshare: subprocess.Popen[bytes] | None = None
-        self._forwarder: subprocess.Popen[bytes] | None = None
 
     def __str__(self) -> str:
         return f"node {self.name}"
@@ -248,14 +249,13 @@ class RealNode(StartStop):
         """Start the node; with ``wait``, return once it is Ready (else call ``wait_ready``)."""
         self.runtime.check()
         try:
-            if not self.kubelet_port:
-                self.kubelet_port = free_port()
-                self.cp.add_host(self.name)
             self._write_files()
             self._make_cgroups()
             gateway = self.cp.open_node_gateway()
             self._write_spec(gateway)
-            self._start_forwarder()
+            self.cp.route_to_node(
+                self.name, self.address, self.pod_subnet, self.state / EGRESS_SOCKET
+            )
             self._spawn()
             if wait:
                 self.wait_ready()
@@ -277,9 +277,6 @@ class RealNode(StartStop):
                 self._unshare.kill()  # --kill-child: its first process gets SIGKILL
                 self._unshare.wait()
             self._unshare = None
-        if self._forwarder is not None:
-            _terminate(self._forwarder)
-            self._forwarder = None
         self._remove_cgroups()
 
     def reboot(self) -> None:
@@ -475,12 +472,17 @@ class RealNode(StartStop):
                         f"UNIX-CONNECT:{gateway.name}",
                         str(gateway.parent),
                     ),
-                    (
-                        f"UNIX-LISTEN:{KUBELET_SOCKET},fork,unlink-early,mode=600",
-                        f"TCP:127.0.0.1:{self.kubelet_port}",
-                        str(self.state),
-                    ),
                 ],
+                # The node's end of the API server's egress (argv, directory).
+                "egress": (
+                    [
+                        sys.executable,
+                        str(Path(_egress.__file__)),
+                        "node",
+                        f"--listen={EGRESS_SOCKET}",
+                    ],
+                    str(self.state),
+                ),
                 "containerd": {
                     "argv": [
                         str(containerd / "containerd"),
@@ -499,19 +501,6 @@ class RealNode(StartStop):
                     "--v=1",
                 ],
             },
-        )
-
-    def _start_forwarder(self) -> None:
-        if self._forwarder is not None and self._forwarder.poll() is None:
-            return
-        self._forwarder = spawn_logged(
-            [
-                _tool("socat"),
-                f"TCP-LISTEN:{self.kubelet_port},bind=127.0.0.1,fork,reuseaddr",
-                f"UNIX-CONNECT:{KUBELET_SOCKET}",
-            ],
-            self.logs_dir / "apiserver-to-kubelet.log",
-            cwd=self.state,
         )
 
     def _spawn(self) -> None:

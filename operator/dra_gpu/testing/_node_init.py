@@ -4,10 +4,12 @@ path (like ``_pdeathsig.py``).
 
 It makes the node's view of the host (bind mounts of the node's state over ``/run``,
 ``/var/lib``, ``/var/log`` and the sysctl files the kubelet writes; the node's addresses on its
-loopback), starts the loopback forwarders to the API server, containerd (imports the images)
-and the kubelet, and reaps what dies. SIGTERM stops the kubelet, then containerd, then exits:
-the kernel then ends every process left in the PID namespace (shims, containers) and the
-mounts and interfaces go with the namespaces. SIGHUP restarts the kubelet (as systemd would).
+loopback), starts the loopback forwarders to the API server and the node's end of the API
+server's egress (``_egress.py node``: the API server's dials to the kubelet and to pods arrive
+there), containerd (imports the images) and the kubelet, and reaps what dies. SIGTERM stops
+the kubelet, then containerd, then exits: the kernel then ends every process left in the PID
+namespace (shims, containers) and the mounts and interfaces go with the namespaces. SIGHUP
+restarts the kubelet (as systemd would).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Node:
             self.run("ip", "addr", "add", address, "dev", "lo")
         for index, (listen, connect, cwd) in enumerate(self.spec["forwards"]):
             self.spawn(f"forward-{index}", ["socat", listen, connect], cwd=cwd)
+        argv, cwd = self.spec["egress"]
+        self.spawn("egress", argv, cwd=cwd)
 
     def start_containerd(self) -> None:
         spec = self.spec["containerd"]
