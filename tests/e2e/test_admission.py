@@ -9,6 +9,7 @@ controller replicas serve; the leader issued the certificate and put its CA in t
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import re
 import time
@@ -164,23 +165,30 @@ async def test_dry_run_server_is_answered_like_an_apply_and_creates_nothing(
     assert await refused_by_webhook(kubectl, claim(release, "dry-bad", gpu_config(env={"A": 1})))
 
 
-async def test_objects_without_our_config_never_reach_the_webhook(
+async def test_objects_of_other_drivers_never_reach_the_webhook(
     api: kube.Kube, kubectl: Kubectl, release: Release
 ) -> None:
     before = await reviews_answered(api, kubectl, release)
     foreign = claim(release, "foreign")
+    foreign["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "other-class"
     foreign["spec"]["devices"]["config"] = [
         {"opaque": {"driver": "other.example.com", "parameters": {"anything": "goes"}}}
     ]
-    plain = claim(release, "plain")
+    plain = copy.deepcopy(foreign)
+    plain["metadata"]["name"] = "plain"
     del plain["spec"]["devices"]["config"]
     for body in (foreign, plain):
         code, _, err = await apply(kubectl, body, "--dry-run=server")
         assert code == 0, err
     assert await reviews_answered(api, kubectl, release) == before
+    # Ours: a config for our driver (the strict webhook), or a claim of our class without one
+    # (the webhook that only warns), each reviewed once.
     code, _, err = await apply(kubectl, claim(release, "ours", gpu_config()), "--dry-run=server")
     assert code == 0, err
     assert await reviews_answered(api, kubectl, release) == before + 1
+    code, _, err = await apply(kubectl, claim(release, "our-class"), "--dry-run=server")
+    assert code == 0, err
+    assert await reviews_answered(api, kubectl, release) == before + 2
 
 
 # --- warnings ------------------------------------------------------------------------------
@@ -198,6 +206,11 @@ async def test_a_claim_nothing_can_satisfy_is_admitted_with_a_warning(
     assert warning.group(1).startswith(f"ResourceClaim {ns}/big: request gpu: no device fits: ")
     assert "node-01/gpu-0 has memory 24Gi, needs >= 200Gi" in warning.group(1)
     assert await helpers.exists(api, f"{RESOURCE}/namespaces/{ns}/resourceclaims/big")
+    # Without a config of ours, the same through the webhook that only warns.
+    plain = claim(release, "big-plain", selector=memory_at_least(release, "200Gi"))
+    code, _, err = await apply(kubectl, plain)
+    assert code == 0, err
+    assert f"Warning: ResourceClaim {ns}/big-plain: request gpu: no device fits: " in err, err
     fits = claim(release, "fits", gpu_config(), selector=memory_at_least(release, "16Gi"))
     code, _, err = await apply(kubectl, fits)
     assert code == 0, err
