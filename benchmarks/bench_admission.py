@@ -208,7 +208,7 @@ async def run(shape: Shape, reviews: int, rate: float) -> None:
                     stream = asyncio.create_task(claim_stream(api, shape, rate), name="stream")
                     took = await measure(session, url, shape, reviews)
                 memory = rss_mib(controller.pid or 0)
-                histogram = controller.metrics("dra_gpu_admission_duration_seconds")
+                histogram = controller.metrics("dra_gpu_admission_duration_seconds_sum")
             finally:
                 if stream is not None:
                     stream.cancel()

@@ -318,6 +318,30 @@ async def test_controller_can_read_what_it_watches_and_no_secrets(
         "",
         name="dra-gpu-controller",
     ), "controller may take another release's Lease"
+    # The admission webhook's own Secret and configuration, by name, and nothing else.
+    secret = f"{release.name}-dra-gpu-webhook-tls"
+    configuration = f"{release.namespace}-{release.name}-dra-gpu"
+    webhook_access = [
+        (("get", "", "secrets", release.namespace, ""), secret, True),
+        (("update", "", "secrets", release.namespace, ""), secret, True),
+        (("create", "", "secrets", release.namespace, ""), "", True),
+        (("get", "", "secrets", release.namespace, ""), "other", False),
+        (("update", "", "secrets", release.namespace, ""), "other", False),
+        (("get", "", "secrets", "default", ""), secret, False),
+        (("list", "", "secrets", release.namespace, ""), "", False),
+        (
+            ("patch", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None, ""),
+            configuration,
+            True,
+        ),
+        (
+            ("patch", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None, ""),
+            "other",
+            False,
+        ),
+    ]
+    for attributes, name, expected in webhook_access:
+        assert await can(controller, *attributes, name=name) == expected, (attributes, name)
 
 
 async def can(
@@ -337,7 +361,7 @@ async def can(
     }
     if namespace is not None:
         attributes["namespace"] = namespace
-    if resource == "leases" and verb != "create":
+    if name and verb != "create":
         attributes["name"] = name
     status, body = await identity.request(
         "POST",

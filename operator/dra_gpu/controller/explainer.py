@@ -56,8 +56,9 @@ from dra_gpu.resource import bodies
 
 log = logging.getLogger(__name__)
 
-SLICE = 0.05
-"""Seconds of explaining between two yields to the event loop."""
+SLICE = 0.01
+"""Seconds of explaining between two yields to the event loop: what an admission review,
+a scrape or a probe waits at most behind the explanations."""
 PARALLEL = 16
 """Claims posted at a time (each a few Events)."""
 URGENT_PARALLEL = 4
