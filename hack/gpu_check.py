@@ -69,8 +69,7 @@ from typing import Any, cast
 
 from dra_gpu import DEFAULT_DRIVER_NAME, kube
 from dra_gpu.agent import cdi, claims, slices, state
-from dra_gpu.devices import opaque
-from dra_gpu.devices import edits, model, nvml, nvml_cdi, pci
+from dra_gpu.devices import edits, model, nvml, nvml_cdi, opaque, pci
 from dra_gpu.resource import bodies, names
 
 Report = dict[str, Any]

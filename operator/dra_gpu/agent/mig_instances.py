@@ -21,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dra_gpu.agent import checkpoint, claims, failpoints, files
-from dra_gpu.devices import opaque
 from dra_gpu.agent.claims import ClaimError, ClaimRef
-from dra_gpu.devices import mig, model
+from dra_gpu.devices import mig, model, opaque
 
 log = logging.getLogger(__name__)
 
