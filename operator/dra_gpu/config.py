@@ -225,8 +225,20 @@ class ControllerSettings:
     """The webhook's Service (in ``namespace``): the serving certificate's DNS names."""
     webhook_configuration: str = "dra-gpu"
     """The ValidatingWebhookConfiguration whose caBundle the leader keeps (self-issued)."""
+    agent_pod_selector: str = ""
+    """Labels of the agent DaemonSet's pods (``k=v,k2=v2``): a node with a pool of the driver
+    whose agent pod is absent or not Ready for ``driver_gone_seconds`` gets its devices
+    tainted. Empty: off (agents run as plain processes, not pods)."""
+    agent_namespace: str = ""
+    """Namespace of the agent pods (the chart's release namespace); empty: any."""
+    driver_gone_seconds: float = 60.0
+    """Seconds an agent may be gone before its node's devices are tainted NoSchedule."""
 
     def __post_init__(self) -> None:
+        if self.driver_gone_seconds < 0:
+            raise ValueError(
+                f"driver gone seconds must be at least 0, got {self.driver_gone_seconds}"
+            )
         if self.lease_seconds < 2:
             raise ValueError(f"lease seconds must be at least 2, got {self.lease_seconds}")
         if not 0 <= self.webhook_port <= 65535:

@@ -32,6 +32,7 @@ def test_rules_select_the_jobs_of_the_charts_monitors() -> None:
         "DraGpuControllerNoLeader",
         "DraGpuDeviceDegraded",
         "DraGpuDeviceFatal",
+        "DraGpuDriverGone",
         "DraGpuInconsistentPools",
         "DraGpuNoFreeDeviceInClass",
         "DraGpuPluginNotRegistered",

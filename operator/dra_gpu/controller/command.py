@@ -27,7 +27,7 @@ from dra_gpu.resource import bodies
 READS = (
     "DeviceClasses, ResourceClaims, ResourceSlices and Nodes, and the namespace's Pods and Events"
 )
-KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Node")
+KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Node", "DeviceTaintRule")
 POD_KINDS = ("pod", "pods", "po")
 CLAIM_KINDS = ("resourceclaim", "resourceclaims", "resourceclaim.resource.k8s.io")
 
@@ -158,7 +158,7 @@ async def explain_one(
                 claim,
                 pod=pod,
                 classes=view.classes,
-                slices=list(view.slices.values()),
+                slices=view.tainted_slices(),
                 claims=list(view.claims.values()),
                 nodes=view.nodes,
                 prepare_failure=failure,
@@ -184,7 +184,7 @@ async def explain_waiting(
         pods_without_claims=False,
     )
     failures = await prepare_failures(api, namespace, list(view.pods.values()))
-    world = explain.build_world(list(view.slices.values()), list(view.claims.values()), view.nodes)
+    world = explain.build_world(view.tainted_slices(), list(view.claims.values()), view.nodes)
     rows = []
     for key in sorted(chosen_claims(view, namespace, selector is not None, failures)):
         claim = view.claims[key]

@@ -22,6 +22,9 @@ admission (all)        ``admission.webhook.Webhook``          Kopf ``on.validate
 class checks           ``classes.ClassChecks``                edited classes; after pool changes
 pool/slice checks      ``pools.PoolChecks``                   changed slices, vanished nodes
 status repair          ``repair.StatusRepair``                changed claims
+driver gone            ``absences.DriverGone``                nodes whose agent pods, pools or
+                                                              Node changed (all: tracking;
+                                                              leader: DeviceTaintRules)
 =====================  =====================================  =================================
 
 A replica that becomes the leader (the loop wakes on the lease) has each leader part sweep
@@ -49,7 +52,8 @@ import kopf
 
 from dra_gpu import kube
 from dra_gpu.config import ControllerSettings
-from dra_gpu.controller import explain, selections, wiring
+from dra_gpu.controller import agents, explain, selections, wiring
+from dra_gpu.controller.absences import DriverGone
 from dra_gpu.controller.admission.webhook import Webhook
 from dra_gpu.controller.classes import ClassChecks
 from dra_gpu.controller.explainer import Explainer
@@ -80,7 +84,12 @@ class Controller:
         self.api = api
         self.driver = settings.driver_name
         identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
-        self.view = ClusterView(pods_without_claims=False)
+        selector = (
+            agents.AgentSelector(settings.agent_pod_selector, settings.agent_namespace)
+            if settings.agent_pod_selector
+            else None
+        )
+        self.view = ClusterView(pods_without_claims=False, agent_pods=selector)
         self.leader = LeaderElector(
             api,
             namespace=settings.namespace,
@@ -97,6 +106,15 @@ class Controller:
         self.classes = ClassChecks(self.view, self.tally, self.reporter, self.driver)
         self.pools = PoolChecks(self.view, self.tally, api, self.driver)
         self.repair = StatusRepair(self.view, api, self.driver)
+        self.driver_gone = DriverGone(
+            self.view,
+            api,
+            self.reporter,
+            self.driver,
+            settings.driver_gone_seconds,
+            self.wake,
+            enabled=selector is not None,
+        )
         self._wake = asyncio.Event()
         self._leading = False
         self.reconciled = 0
@@ -117,9 +135,11 @@ class Controller:
         self._wake.set()
 
     def registry(self) -> kopf.OperatorRegistry:
+        """Kopf's handlers; DeviceTaintRules watched in the version served (``discover``)."""
+        rules = self.driver_gone.version
         if self.webhook is None:
-            return wiring.registry(self.view, self.wake)
-        handlers = wiring.registry(self.view, self.wake, self.webhook.server)
+            return wiring.registry(self.view, self.wake, taint_rules=rules)
+        handlers = wiring.registry(self.view, self.wake, self.webhook.server, taint_rules=rules)
         self.webhook.register(handlers)
         return handlers
 
@@ -169,13 +189,14 @@ class Controller:
         changes = self.view.take_changes()
         self.tally.update(self.view, changes)
         self.timings.update(self.view, changes, datetime.datetime.now(datetime.UTC))
+        self.driver_gone.track(changes)
         self.explainer.note(changes)
         self._forget_unused(changes)
         metrics.LEADER.set(1 if self.leader.is_leader else 0)
         # The cluster-wide series, just brought up to date, are the leader's to serve: a
         # standby's page has none (sums over the replicas count each device once).
         metrics.CLUSTER_WIDE.leading = self.leader.is_leader
-        leader_parts = (self.classes, self.pools, self.repair)
+        leader_parts = (self.classes, self.pools, self.repair, self.driver_gone)
         if self.leader.is_leader:
             if not self._leading:  # just took over: everything is news to this leader
                 self._leading = True
@@ -259,6 +280,7 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
             if not await api.wait_until_ready(stopping, on_attempt=still_waiting):
                 return  # stopped before the API server answered
             waiting = None
+            await controller.driver_gone.discover()  # which DeviceTaintRules to watch
             identity = controller.leader.identity
             async with wiring.watching(controller.registry(), identity, stopping.set) as kopf:
                 try:

@@ -27,7 +27,11 @@ PATHS = {
     "ResourceClaim": f"{RESOURCE}/resourceclaims",
     "ResourceSlice": f"{RESOURCE}/resourceslices",
     "Node": "/api/v1/nodes",
+    "DeviceTaintRule": f"{RESOURCE}/devicetaintrules",
 }
+OPTIONAL = frozenset({"DeviceTaintRule"})
+"""Kinds read when they can be: not served (before 1.37) or not readable for the user (403),
+a view without them (DeviceTaintRules only add taints to what explanations show)."""
 
 
 class CommandError(Exception):
@@ -81,7 +85,13 @@ async def load_view(
     namespace with ``all_pods``; neither: none), those matching ``selector`` only."""
     view = ClusterView(pods_without_claims=pods_without_claims)
     for kind in kinds:
-        for item in await list_items(api, PATHS[kind]):
+        try:
+            items = await list_items(api, PATHS[kind])
+        except kube.ApiError as exc:
+            if kind in OPTIONAL and (exc.not_found or exc.status == 403):
+                continue
+            raise
+        for item in items:
             view.apply(kind, "ADDED", item)
     if pods_in is not None or all_pods:
         path = namespaced("/api/v1/pods", None if all_pods else pods_in)

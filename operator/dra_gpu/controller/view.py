@@ -1,33 +1,37 @@
 """The controller's in-memory view of the cluster, fed by Kopf's watch events, and its indexes.
 
-Kopf's ``on.event`` handlers put every DeviceClass, ResourceClaim, ResourceSlice, Pod and Node
-here; nothing is written back to those objects (no Kopf annotations, no finalizers: they belong
-to users). Each object is kept as the API's JSON cut down to the fields the controller reads
-(``_KEEP``), so a Node's images or a Pod's containers cost nothing, an update that touches only
-other fields (a Node's heartbeat, a Pod's container status) is no change at all, and a view may
-skip the Pods that use no claim (most Pods of a cluster) altogether.
+Kopf's ``on.event`` handlers put every DeviceClass, ResourceClaim, ResourceSlice, Pod, Node and
+DeviceTaintRule here; nothing is written back to those objects (no Kopf annotations, no
+finalizers: they belong to users). Each object is kept as the API's JSON cut down to the fields
+the controller reads (``_KEEP``), so a Node's images or a Pod's containers cost nothing, an
+update that touches only other fields (a Node's heartbeat, a Pod's container status) is no
+change at all, and a view may skip the Pods that use no claim (most Pods of a cluster)
+altogether — except those its ``agent_pods`` test keeps: the driver's own agents, by their
+labels (``absences`` reads them).
 
 ``apply`` keeps the indexes the controller's jobs read instead of scanning: pods by the claims
 they use, pending claims, claims by state, devices by holder (``claimed.HolderIndex``), each
 pool at its newest generation (``published.Pool``, rebuilt only when one of its slices changes),
 the pools with devices on each node, and what allocations use of each pool's counter sets and
 shared devices (``partitions.Usage``, worked out again for a pool when it or its holders
-change). It also notes what changed (``take_changes``), so a pass costs what changed, not what
-exists. Pure: no I/O, no clock.
+change), and the agent pods on each node. A DeviceTaintRule's taint is added to the devices it
+selects as the pools are read (``taintrules``: as the scheduler sees them), so a rule's change
+is a change of the pools it selects. It also notes what changed (``take_changes``), so a pass
+costs what changed, not what exists. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from dra_gpu.controller import claimed, kubelet, partitions, published
+from dra_gpu.controller import claimed, kubelet, partitions, published, taintrules
 from dra_gpu.resource import bodies
 
 Body = dict[str, Any]
-KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node")
+KINDS = ("DeviceClass", "ResourceClaim", "ResourceSlice", "Pod", "Node", "DeviceTaintRule")
 PoolKey = tuple[str, str]
 
 
@@ -67,6 +71,16 @@ _KEEP: dict[str, _Keep] = {
         "metadata": {"name": None, "uid": None, "labels": None},
         "spec": {"unschedulable": None, "taints": None},
         "status": {"conditions": None},  # cut to the Ready condition's type and status below
+    },
+    "DeviceTaintRule": {
+        "metadata": {
+            "name": None,
+            "uid": None,
+            "resourceVersion": None,
+            "labels": None,
+            "annotations": None,
+        },
+        "spec": None,
     },
 }
 # Read for optimistic concurrency only: a new one alone is no change.
@@ -145,6 +159,10 @@ class Changes:
     """Pools whose slices changed, each with the pool as it was before (None: it was not)."""
     held: set[published.DeviceKey] = dataclasses.field(default_factory=set)
     """Devices whose holders may have changed."""
+    rules: set[str] = dataclasses.field(default_factory=set)
+    """DeviceTaintRules (their pools are in ``pools`` too)."""
+    agents: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose agent pods (``ClusterView.agent_pods``) changed."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -155,6 +173,8 @@ class Changes:
             or self.slices
             or self.pools
             or self.held
+            or self.rules
+            or self.agents
         )
 
 
@@ -162,6 +182,9 @@ class Changes:
 class ClusterView:
     pods_without_claims: bool = True
     """Keep Pods that use no claim (the controller does not: it never reads them)."""
+    agent_pods: Callable[[Mapping[str, Any]], bool] | None = None
+    """Pods (as the API has them) kept even without a claim, and indexed by node
+    (``agents_on``): the driver's agent pods (``agents.AgentSelector``)."""
     objects: dict[str, dict[str, Body]] = dataclasses.field(
         default_factory=lambda: {kind: {} for kind in KINDS}
     )
@@ -186,6 +209,9 @@ class ClusterView:
         self.usage = partitions.Usage(self.holders, self.pools)
         """Counters and shares the allocations use, per pool."""
         self._pools_on_node: dict[str, set[PoolKey]] = {}
+        self._agents_on_node: dict[str, set[str]] = {}
+        self._agent_node: dict[str, str] = {}  # agent pod key -> its node
+        self._rules: dict[str, taintrules.Rule] = {}
         self.prepare_failures: dict[str, kubelet.PrepareFailure] = {}
         """Pod key -> the kubelet's latest prepare failure on it (``set_prepare_failure``)."""
         self._changes = Changes()
@@ -199,7 +225,12 @@ class ClusterView:
         new: Body | None = None
         if event_type != "DELETED":
             new = trim(kind, body)
-            if kind == "Pod" and not self.pods_without_claims and not claim_names(new):
+            if (
+                kind == "Pod"
+                and not self.pods_without_claims
+                and not claim_names(new)
+                and not (self.agent_pods is not None and self.agent_pods(body))
+            ):
                 new = None  # spec.resourceClaims is immutable: it never will use one
             elif old is not None and _same(old, new):
                 store[name] = new  # the newest resourceVersion, for writes that carry it
@@ -260,6 +291,10 @@ class ClusterView:
     def nodes(self) -> dict[str, Body]:
         return self.objects["Node"]
 
+    @property
+    def taint_rules(self) -> dict[str, Body]:
+        return self.objects["DeviceTaintRule"]
+
     # ---- queries ---------------------------------------------------------------------------
 
     def pods_of(self, claim: Mapping[str, Any]) -> list[Body]:
@@ -289,6 +324,20 @@ class ClusterView:
         """Pools with a device attached to ``node``."""
         return self._pools_on_node.get(node, set())
 
+    def agents_on(self, node: str) -> list[Body]:
+        """The agent pods (``agent_pods``) bound to ``node``, by key."""
+        return [self.pods[k] for k in sorted(self._agents_on_node.get(node, ()))]
+
+    def agent_nodes(self) -> set[str]:
+        """Nodes with an agent pod bound to them."""
+        return set(self._agents_on_node)
+
+    def tainted_slices(self, slices: list[Body] | None = None) -> list[Mapping[str, Any]]:
+        """``slices`` (default: all of them) with the DeviceTaintRules' taints on the devices
+        they select, as the scheduler reads them (``taintrules``)."""
+        chosen = list(self.slices.values()) if slices is None else slices
+        return taintrules.tainted_slices(chosen, self._rules.values())
+
     # ---- indexes, per kind -----------------------------------------------------------------
 
     def _class_changed(self, name: str, old: Body | None, new: Body | None) -> None:
@@ -298,6 +347,8 @@ class ClusterView:
         self._changes.nodes.add(name)
 
     def _pod_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        if self.agent_pods is not None:
+            self._index_agent(name, new)
         namespace = (new or old or {}).get("metadata", {}).get("namespace")
         claims = tuple(sorted(f"{namespace}/{c}" for c in claim_names(new))) if new else ()
         before = self._claims_of_pod.get(name, ())
@@ -314,6 +365,41 @@ class ClusterView:
             else:
                 self._claims_of_pod.pop(name, None)
         self._changes.pods.add(name)
+
+    def _index_agent(self, name: str, new: Body | None) -> None:
+        """Agent pods by node: a pod kept without claims is one (``apply`` kept it for that);
+        one with claims is not (agents use none)."""
+        was = self._agent_node.pop(name, None)
+        now = None
+        if new is not None and not claim_names(new):
+            now = (new.get("spec") or {}).get("nodeName") or None
+        if was is not None:
+            on_node = self._agents_on_node[was]
+            on_node.discard(name)
+            if not on_node:
+                del self._agents_on_node[was]
+            self._changes.agents.add(was)
+        if now is not None:
+            self._agent_node[name] = now
+            self._agents_on_node.setdefault(now, set()).add(name)
+            self._changes.agents.add(now)
+
+    def _rule_changed(self, name: str, old: Body | None, new: Body | None) -> None:
+        before = self._rules.pop(name, None)
+        after = taintrules.Rule.read(new) if new is not None else None
+        if after is not None:
+            self._rules[name] = after
+        self._changes.rules.add(name)
+        if before == after:
+            return
+        touched = [r for r in (before, after) if r is not None]
+        if all(r.driver is not None and r.pool is not None for r in touched):
+            pools = {(str(r.driver), str(r.pool)) for r in touched}
+        else:  # a rule for every pool of a driver, or of a name: look at each
+            pools = {p for p in self._pool_slices if any(r.selects_pool(*p) for r in touched)}
+        for pool in sorted(pools):
+            if pool in self._pool_slices:
+                self._reread_pool(pool)
 
     def _claim_changed(self, name: str, old: Body | None, new: Body | None) -> None:
         before = self._states.pop(name, None)
@@ -365,7 +451,12 @@ class ClusterView:
             return
         # The pool's slices in the order they came into the view, as a list of the view's
         # slices would have them.
-        bodies = [self.slices[n] for n in sorted(names, key=self._slice_seq.__getitem__)]
+        bodies: list[Mapping[str, Any]] = [
+            self.slices[n] for n in sorted(names, key=self._slice_seq.__getitem__)
+        ]
+        rules = [r for r in self._rules.values() if r.selects_pool(*pool)]
+        if rules:
+            bodies = taintrules.tainted_slices(bodies, rules)
         current = published.read_pool(pool[0], pool[1], bodies)
         self.pools[pool] = current
         for node in {d.node for d in current.devices if d.node}:
@@ -378,4 +469,5 @@ _ON_CHANGE = {
     "ResourceSlice": "_slice_changed",
     "Pod": "_pod_changed",
     "Node": "_node_changed",
+    "DeviceTaintRule": "_rule_changed",
 }

@@ -1,6 +1,7 @@
 """Watch wiring: Kopf's watches of the five kinds the controller reads, feeding the view.
 
-Owns: the Kopf registry — one ``on.event`` handler per kind, each a call of
+Owns: the Kopf registry — one ``on.event`` handler per kind (DeviceTaintRules too, in the
+version the API server serves, when it serves one: ``absences.served_version``), each a call of
 ``ClusterView.apply`` that wakes the passes when the view changed — Kopf's settings, and Kopf's
 lifetime in the process (``watching``). Event handlers are the one kind of Kopf handler that
 stores nothing on the objects: no annotations, no finalizers, and with ``_NoDiffBase`` no
@@ -41,14 +42,23 @@ LIST_CHUNK = 500
 
 
 def registry(
-    view: ClusterView, changed: Callable[[], None], webhook: kopf.WebhookServer | None = None
+    view: ClusterView,
+    changed: Callable[[], None],
+    webhook: kopf.WebhookServer | None = None,
+    *,
+    taint_rules: str | None = None,
 ) -> kopf.OperatorRegistry:
     """Kopf's handlers: every watch event of the five kinds into ``view``; ``changed`` is
     called when the view changed (in a field it keeps). ``webhook``: Kopf serves the
     admission handlers added to the registry (``admission.handlers``) there, with no webhook
-    configuration of its own (the chart's is the one)."""
+    configuration of its own (the chart's is the one). ``taint_rules``: the version of
+    resource.k8s.io that serves DeviceTaintRules, watched too (None: none is; Kopf would only
+    warn of an unresolved resource, but nothing would come of it)."""
     handlers = kopf.OperatorRegistry()
-    for group, version, plural, kind in WATCHED:
+    watched = list(WATCHED)
+    if taint_rules is not None:
+        watched.append(("resource.k8s.io", taint_rules, "devicetaintrules", "DeviceTaintRule"))
+    for group, version, plural, kind in watched:
         _feed(handlers, view, changed, group, version, plural, kind)
 
     @kopf.on.login(registry=handlers)

@@ -370,6 +370,20 @@ DEVICE_STATUS_REPAIRS = Counter(
     "status.devices entries of our driver removed because the device is no longer allocated.",
     registry=CONTROLLER,
 )
+NODES_DRIVER_GONE = Gauge(
+    "dra_gpu_nodes_driver_gone",
+    "Nodes with a pool of our driver whose agent pod has been absent or not Ready for longer "
+    "than the grace period (controller.driverGone.graceSeconds): their devices are tainted "
+    "NoSchedule (a DeviceTaintRule), or, where the API server serves none, only reported.",
+    registry=CLUSTER,
+)
+TAINT_RULE_WRITES = Counter(
+    "dra_gpu_taint_rule_writes_total",
+    "DeviceTaintRules the leader wrote for nodes whose agent is gone, by change (create: a "
+    "node's devices tainted; delete: its agent is back, or the node or its pool is gone).",
+    ["change"],
+    registry=CONTROLLER,
+)
 ADMISSION_RESULTS = ("allowed", "refused", "error")
 ADMISSION_REQUESTS = Counter(
     "dra_gpu_admission_requests_total",
@@ -405,4 +419,6 @@ RECONCILES = Counter(
 
 for _state in ("pending", "allocated", "reserved"):
     CLAIMS.labels(_state)
+for _change in ("create", "delete"):
+    TAINT_RULE_WRITES.labels(_change)
 CONTROLLER.register(CLUSTER_WIDE)

@@ -422,8 +422,10 @@ class RequestCheck:
         )
         if reason == Reason.NODE_EXCLUDED:
             # Enough free devices pass, on nodes the pod cannot use: the devices are there.
+            # Tainted ones first: on a node the pod may use, they are why it cannot go there
+            # (a DeviceTaintRule of a node whose agent is gone, say).
             devices_piece = Piece("devices", True, self._free_text())
-            node_piece = Piece("node", False, self._exclusions_text())
+            node_piece = Piece("node", False, self._exclusions_text(tainted=True))
         return self._result(reason, message, devices_piece, node_piece, driver_ok=None)
 
     def _fits(self, nodes: list[str]) -> RequestExplanation:
@@ -465,8 +467,10 @@ class RequestCheck:
             return Piece("node", True, f"{wording.node_list(eligible)} can run the pod")
         return Piece("node", False, self._exclusions_text())
 
-    def _exclusions_text(self) -> str:
-        listing = _listing([(self._head(self._excluded), "more are on excluded nodes")])
+    def _exclusions_text(self, *, tainted: bool = False) -> str:
+        groups = [(self.group(Verdict.TAINTED), "more are tainted")] if tainted else []
+        groups.append((self._head(self._excluded), "more are on excluded nodes"))
+        listing = _listing(groups)
         return wording.bounded(f"request {self.name}: {listing or 'no node can run the pod'}")
 
     def _result(

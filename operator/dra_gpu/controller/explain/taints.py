@@ -2,7 +2,9 @@
 
 Owns: resource.k8s.io/v1 ``DeviceToleration`` matching (an empty key with Exists matches every
 key, an empty effect every effect, operator Equal by default) and ``device_taint_text``
-("gpu.example.com/xid=79:NoExecute since 12:03").
+("gpu.example.com/xid=79:NoExecute since 12:03"; a taint a DeviceTaintRule added, read by
+``taintrules``, names the rule and says why, when the rule says: "gpu.example.com/agent-gone:
+NoSchedule since 12:03 (DeviceTaintRule gpu.example.com-node-02-agent-gone: the agent of ...)").
 Must not: judge node taints (``nodes`` does, by the pod's rules).
 """
 
@@ -33,10 +35,15 @@ def _tolerates(toleration: Body, taint: Body) -> bool:
 
 
 def device_taint_text(taint: Body) -> str:
-    """``gpu.example.com/xid=79:NoExecute since 12:03`` (UTC, from ``timeAdded``)."""
+    """``gpu.example.com/xid=79:NoExecute since 12:03`` (UTC, from ``timeAdded``), with
+    `` (DeviceTaintRule NAME: DESCRIPTION)`` for a rule's taint (``taintrules``)."""
     value = taint.get("value")
     text = f"{taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')}"
     added = taint.get("timeAdded")
     if isinstance(added, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d.*", added):
         text += f" since {added[11:16]}"
+    rule = taint.get("rule")
+    if rule:
+        description = taint.get("description")
+        text += f" (DeviceTaintRule {rule}{': ' + str(description) if description else ''})"
     return text
