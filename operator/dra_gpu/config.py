@@ -46,6 +46,13 @@ class AgentSettings:
     """Per-claim CDI specs. tmpfs on most nodes: gone after a reboot, re-created on demand."""
     checkpoint_dir: Path = Path("/var/lib/dra-gpu")
     """The checkpoint of prepared claims; must survive reboots (not tmpfs)."""
+    pod_uid: str = ""
+    """This agent's pod UID (downward API ``metadata.uid`` in the chart). Set: the sockets are
+    this pod's own (``plugins_registry/<driver>-<uid>-reg.sock``,
+    ``plugins/<driver>/dra-<uid>.sock``, as upstream's kubelet plugin helper names them for
+    rolling updates), so a new pod registers beside the old one (kubelet 1.33+) and the kubelet
+    calls the newer. Empty: one fixed pair per driver (``<driver>-reg.sock``, ``dra.sock``),
+    which a second agent takes over."""
     metrics_port: int = 9402
     """Prometheus ``/metrics`` on 0.0.0.0 (0 disables)."""
     health_port: int = 9403
@@ -128,7 +135,8 @@ class AgentSettings:
 
     @property
     def registration_socket(self) -> Path:
-        return self.kubelet_dir / "plugins_registry" / f"{self.driver_name}-reg.sock"
+        pod = f"-{self.pod_uid}" if self.pod_uid else ""
+        return self.kubelet_dir / "plugins_registry" / f"{self.driver_name}{pod}-reg.sock"
 
     @property
     def plugin_dir(self) -> Path:
@@ -136,11 +144,17 @@ class AgentSettings:
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugin_dir / "dra.sock"
+        return self.plugin_dir / (f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock")
 
     @property
     def checkpoint_file(self) -> Path:
         return self.checkpoint_dir / "checkpoint.json"
+
+    @property
+    def serialize_lock(self) -> Path:
+        """The file lock that serializes prepares and unprepares of the agents sharing
+        ``checkpoint_dir`` (the old and the new pod of a rolling update)."""
+        return self.checkpoint_dir / "serialize.lock"
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -179,6 +193,13 @@ class AgentSettings:
                 f"{flag_name('toolkit_cdi_kind')} / {env_name('toolkit_cdi_kind')}: "
                 f"{self.toolkit_cdi_kind!r} is not a CDI kind (<vendor>/<class>, e.g. "
                 "nvidia.com/gpu)"
+            )
+        if self.pod_uid and not re.fullmatch(
+            r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", self.pod_uid
+        ):
+            raise ValueError(
+                f"{flag_name('pod_uid')} / {env_name('pod_uid')}: {self.pod_uid!r} is not a pod "
+                "UID (a lower-case UUID, the downward API's metadata.uid)"
             )
         for socket in (self.registration_socket, self.dra_socket):
             if len(bytes(socket)) > MAX_SOCKET_PATH:

@@ -30,7 +30,12 @@ def settings_from_env(settings_type: type[Any], env: dict[str, str]) -> Any:
     return config.settings_from(settings_type, argparse.Namespace(), env)
 
 
-DOWNWARD = {"spec.nodeName": "node-01", "metadata.namespace": "dra", "metadata.name": "pod-x"}
+DOWNWARD = {
+    "spec.nodeName": "node-01",
+    "metadata.namespace": "dra",
+    "metadata.name": "pod-x",
+    "metadata.uid": "0a1b2c3d-0000-4000-8000-000000000001",
+}
 TUTORIAL = CHART / "profiles" / "tutorial.yaml"
 
 
@@ -215,7 +220,7 @@ def test_agent_host_paths_are_mounted_at_the_same_paths() -> None:
     assert str(settings.plugin_dir) == host["plugin-dir"]
 
 
-def test_agent_is_root_without_privileges_and_never_surges() -> None:
+def test_agent_is_root_without_privileges() -> None:
     agent = find(render(), "DaemonSet")
     pod = agent["spec"]["template"]["spec"]
     security = container(agent)["securityContext"]
@@ -225,7 +230,90 @@ def test_agent_is_root_without_privileges_and_never_surges() -> None:
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in security
     assert pod["priorityClassName"] == "system-node-critical"
-    assert agent["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+
+
+def test_agent_rolls_with_a_surge_on_sockets_of_its_own_pod() -> None:
+    agent = find(render(), "DaemonSet")
+    # The new pod registers beside the old one; the old one goes once the new one is ready.
+    assert agent["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    settings = settings_from_env(config.AgentSettings, env_of(agent, DOWNWARD))
+    uid = DOWNWARD["metadata.uid"]
+    assert settings.pod_uid == uid
+    assert settings.registration_socket.name == f"gpu.example.com-{uid}-reg.sock"
+    assert settings.dra_socket.name == f"dra-{uid}.sock"
+    # The lock that serializes the two pods' prepares is on the host path both mount.
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert settings.serialize_lock.parent == Path(mounts["checkpoint"])
+    # The old behaviour on request: a maxUnavailable turns the surge off (the API takes only one
+    # of the two non-zero, and never both zero); percentages too.
+    for args in (["--set", "agent.maxSurge=0"], []):
+        old = find(render("--set", "agent.maxUnavailable=1", *args), "DaemonSet")
+        assert old["spec"]["updateStrategy"]["rollingUpdate"] == {
+            "maxUnavailable": 1,
+            "maxSurge": 0,
+        }
+    full = find(render("--values", str(FULL_VALUES)), "DaemonSet")
+    assert full["spec"]["updateStrategy"]["rollingUpdate"] == {
+        "maxUnavailable": "10%",
+        "maxSurge": 0,
+    }
+    wide = find(render("--set", "agent.maxSurge=25%"), "DaemonSet")
+    assert wide["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == "25%"
+    done = helm("template", "rel", str(CHART), "--set", "agent.maxSurge=0")
+    assert done.returncode != 0
+    assert "agent.maxSurge and agent.maxUnavailable cannot both be 0" in done.stderr
+
+
+def _profile(device: dict[str, Any], **node: Any) -> dict[str, Any]:
+    entry = {"memory": "24Gi"} | device
+    return {"agent": {"profile": {"nodes": {"node-01": {"devices": [entry]} | node}}}}
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        (_profile({"memroy": "8Gi"}), "/agent/profile/nodes/node-01/devices/0"),
+        (_profile({"count": 0}), "/agent/profile/nodes/node-01/devices/0/count"),
+        (_profile({"mig": "A100"}), "/agent/profile/nodes/node-01/devices/0/mig"),
+        (
+            _profile({"sharing": {"mode": "MPS", "memory": {"default": "8Gi", "mni": "4Gi"}}}),
+            "/agent/profile/nodes/node-01/devices/0/sharing/memory",
+        ),
+        (_profile({}, gpus=[]), "/agent/profile/nodes/node-01"),
+        ({"agent": {"profile": {"defaults": {"name": "gpu-0"}, "nodes": {}}}}, "defaults"),
+        # (helm's validator reports a bad property name at a wrong location, but names it)
+        ({"agent": {"profile": {"nodes": {"Node_01": {}}}}}, "'Node_01' does not match"),
+        (
+            {
+                "agent": {
+                    "backend": "nvml",
+                    "nvml": {"sharing": [{"gpus": "all", "mdoe": "MPS", "memory": {}}]},
+                }
+            },
+            "/agent/nvml/sharing/0",
+        ),
+    ],
+)
+def test_a_typo_in_the_profile_or_the_sharing_settings_fails_the_render_naming_it(
+    tmp_path: Path, values: dict[str, Any], named: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps(values))
+    done = helm("template", "rel", str(CHART), "--values", str(bad))
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr
+
+
+def test_every_profile_the_chart_ships_passes_its_schema() -> None:
+    for path in sorted((CHART / "profiles").glob("*.yaml")):
+        values = {"agent": {"profile": yaml.safe_load(path.read_text())}}
+        done = helm(
+            "template", "rel", str(CHART), "--set-json", f"agent={json.dumps(values['agent'])}"
+        )
+        assert done.returncode == 0, f"{path.name}: {done.stderr}"
 
 
 def test_controller_runs_as_non_root_with_read_only_root() -> None:

@@ -10,18 +10,37 @@ work failed is left out of it.
 Owns the checkpoint as committed (``GroupCommit.committed``, which ``DeviceState.prepared``
 shows), the journal it appends to and the gauges of what is prepared. Must not decide what a
 change is (``state`` does) nor write anything once ``retired``.
+
+Two agents on one node (the old and the new pod of a rolling update) share the checkpoint
+file. ``SerializeLock`` (a ``flock`` on ``<checkpoint dir>/serialize.lock``, upstream's
+``Serialize`` option of its kubelet plugin helper) keeps their prepares and unprepares apart;
+whoever takes it reads the checkpoint again if the other agent wrote it since its own last
+read or write (``GroupCommit.read_if_changed``: the files' identity, size and times), so the
+claims it holds in memory are never stale while it acts on them. A reload drops our journal:
+the other agent may have replaced the file it appends to, so the next commit starts over from
+a snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import fcntl
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dra_gpu.agent import checkpoint, failpoints
 from dra_gpu.serving import metrics
+
+log = logging.getLogger(__name__)
+
+LOCK_POLL_SECONDS = (0.002, 0.05)
+"""While another agent holds the serialize lock: the first and the longest pause between tries."""
 
 
 @dataclasses.dataclass
@@ -48,6 +67,9 @@ class GroupCommit:
         self._committing = False
         self._journal: checkpoint.Journal | None = None  # opened by the first commit
         self._writing: asyncio.Future[Any] | None = None  # the commit's thread, while it runs
+        self._seen: checkpoint.FileState | None = None
+        """The checkpoint's files as we last read or wrote them (None: not known yet)."""
+        self._reloaded = False  # read again from another agent's files since our last write
 
     @property
     def committed(self) -> checkpoint.Checkpoint:
@@ -55,9 +77,30 @@ class GroupCommit:
         return self._checkpoint
 
     def load(self, recorded: checkpoint.Checkpoint) -> None:
-        """Start from ``recorded`` (read from disk); the next commit writes a new snapshot."""
+        """Start from ``recorded`` (read from disk just now); the next commit writes a new
+        snapshot."""
         self.drop_journal()
         self._checkpoint = recorded
+        self._seen = checkpoint.files_state(self.path)  # two stat calls
+        self._update_gauges()
+
+    def read_if_changed(self) -> checkpoint.Checkpoint | None:
+        """(In a thread, holding the serialize lock, no commit under way.) The checkpoint as
+        stored, if someone else wrote it since we last read or wrote it; None if not, or if we
+        never loaded it (the runner's first ``load`` does). CorruptCheckpoint if unreadable."""
+        seen = checkpoint.files_state(self.path)
+        if self._seen is None or seen == self._seen:
+            return None
+        recorded = checkpoint.read_checkpoint(self.path)
+        self._seen = seen
+        return recorded
+
+    def reloaded(self, recorded: checkpoint.Checkpoint) -> None:
+        """Continue from ``recorded`` (``read_if_changed``'s): our journal may be a file the
+        other writer replaced, so the next commit starts from a snapshot."""
+        self.drop_journal()
+        self._checkpoint = recorded
+        self._reloaded = True
         self._update_gauges()
 
     async def commit(
@@ -118,8 +161,13 @@ class GroupCommit:
             journal, self._journal = self._journal, None
             try:
                 journal.compact(self._checkpoint)
+                self._seen = checkpoint.files_state(self.path)
             finally:
                 journal.close()
+        elif self._reloaded:  # another agent's journal, read again: folded in too
+            checkpoint.write_checkpoint(self.path, self._checkpoint)
+            self._seen = checkpoint.files_state(self.path)
+        self._reloaded = False
 
     def _write_batch(
         self, current: checkpoint.Checkpoint, batch: Sequence[_Pending]
@@ -145,6 +193,7 @@ class GroupCommit:
             if journal is None:
                 journal = self._journal = checkpoint.Journal(self.path, current)
             journal.append(changes, updated)
+            self._seen = checkpoint.files_state(self.path)
             failpoints.reach("checkpoint-written")
         return updated, failed
 
@@ -152,3 +201,105 @@ class GroupCommit:
         claims_ = self._checkpoint.claims.values()
         metrics.PREPARED_CLAIMS.set(len(claims_))
         metrics.PREPARED_DEVICES.set(sum(len(c.devices) for c in claims_))
+
+
+class SerializeLock:
+    """The node's lock on prepares and unprepares, shared with the other agents of the
+    checkpoint directory: a ``flock`` on ``path`` (created mode 0600), held while any holder
+    of this process holds it (``held``), so one agent's concurrent calls still run together
+    and share their group commits, and never beside another agent's.
+
+    Taken with non-blocking tries on the event loop, a few milliseconds apart while another
+    agent holds it (only while two agents overlap, in a rolling update), never in a thread: a
+    thread blocked in ``flock`` cannot be cancelled, and would keep a stopping agent from
+    exiting for as long as the other holds the lock. ``on_acquired`` runs once each time it is
+    taken, before any holder goes on (the checkpoint's re-read); ``before_release`` once the
+    last holder is done, before it is let go (a write still under way finishes first)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        on_acquired: Callable[[], Awaitable[None]] | None = None,
+        before_release: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.path = path
+        self.on_acquired = on_acquired
+        self.before_release = before_release
+        self.waited_seconds = 0.0
+        """How long this process waited for another agent to let go, in all (tests, logs)."""
+        self._fd: int | None = None
+        self._locked = False
+        self._holders = 0
+        self._acquiring: asyncio.Future[None] | None = None
+
+    @property
+    def locked(self) -> bool:
+        return self._locked
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """Hold the lock (with this process's other holders) for the block."""
+        self._holders += 1
+        try:
+            while not self._locked or self._acquiring is not None:
+                if self._acquiring is None:
+                    self._acquiring = asyncio.ensure_future(self._acquire())
+                # Shielded: a cancelled waiter must not leave the lock taken and unowned.
+                await asyncio.shield(self._acquiring)
+            yield
+        finally:
+            self._holders -= 1
+            if self._holders == 0 and self._locked:
+                await asyncio.shield(asyncio.ensure_future(self._release()))
+
+    async def _acquire(self) -> None:
+        try:
+            if self._fd is None:
+                self._fd = await asyncio.to_thread(self._open)
+            pause, longest = LOCK_POLL_SECONDS
+            started = time.monotonic()
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, longest)
+            self._locked = True
+            waited = time.monotonic() - started
+            if waited > 0.1:
+                log.info("waited %.1f s for another agent to let go of %s", waited, self.path)
+            self.waited_seconds += waited
+            if self.on_acquired is not None:
+                await self.on_acquired()
+        except BaseException:
+            if self._locked:
+                self._unlock()
+            raise
+        finally:
+            self._acquiring = None
+            if self._locked and self._holders == 0:  # every waiter was cancelled meanwhile
+                self._unlock()
+
+    async def _release(self) -> None:
+        if self.before_release is not None:
+            await self.before_release()
+        if self._holders == 0 and self._locked and self._acquiring is None:
+            self._unlock()
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def _unlock(self) -> None:
+        assert self._fd is not None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._locked = False
+
+    def close(self) -> None:
+        """Let go of the file (the lock with it, if held)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            self._locked = False
+            os.close(fd)

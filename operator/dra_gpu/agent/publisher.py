@@ -13,9 +13,12 @@ Node takes its slices with it through their ownerReference.
 
 Every write is signed with this process's ``instance`` and the time the kubelet registered it
 (``slices.Publisher``). A pool that another agent wrote is left to ``contention``'s rules: the
-agent the kubelet registered last publishes, the other backs off exponentially and takes over
-when it is gone; the conflict is logged, posted as a Warning Event on the Node and counted
-(``dra_gpu_slice_pool_*`` metrics name both instances).
+agent the kubelet registered last publishes; the other hands the pool over to it while it is
+registered (``others_registered``: the kubelet's registry directory holds its live
+registration; a Normal Event ``ResourcePoolHandedOver`` says so once) and takes it back at once
+when it is gone, or, where that cannot be told, backs off exponentially. A conflict is logged,
+posted as a Warning Event on the Node and counted (``dra_gpu_slice_pool_*`` metrics name both
+instances).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import datetime
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 from dra_gpu import kube
@@ -42,6 +45,7 @@ log = logging.getLogger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 COMPONENT = "dra-gpu-agent"
 CONFLICT_REASON = "ResourcePoolConflict"
+HANDOVER_REASON = "ResourcePoolHandedOver"
 
 
 class SlicePublisher:
@@ -61,6 +65,7 @@ class SlicePublisher:
         taints: Callable[
             [tuple[model.Device, ...]], Mapping[str, tuple[health.Taint, ...]]
         ] = lambda devices: {},
+        others_registered: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.api = api
         self.backend = backend
@@ -74,6 +79,9 @@ class SlicePublisher:
         """When the kubelet last accepted our registration (None: not known, e.g. in tests)."""
         self.contention = contention or Contention(pool=node, driver=driver)
         self.clock = clock
+        self.others_registered = others_registered
+        """Whether another agent of the driver is registered with the node's kubelet now (None:
+        not known; ``contention`` then backs off instead of handing the pool over)."""
         self.taints = taints
         """The devices about to be published -> the taints of each (``HealthMonitor.taints``:
         a MIG partition's include its GPU's, so a fault of a MIG-mode GPU taints them all)."""
@@ -234,17 +242,23 @@ class SlicePublisher:
         if any(w is not None and w.instance == me.instance for w in writers):
             return True  # ours (perhaps half written, or edited by hand): put it right
         writer = max((w for w in writers if w is not None), default=None)
-        decision = self.contention.foreign(writer, me, newest, self.clock())
+        registered = None if self.others_registered is None else await self.others_registered()
+        decision = self.contention.foreign(
+            writer, me, newest, self.clock(), newer_registered=registered
+        )
         if decision.conflict:
             metrics.SLICE_POOL_CONFLICTS.inc()
         self._update_contention_metrics()
+        node_ref = events.object_ref({"apiVersion": "v1", "kind": "Node", **node})
         if decision.report is not None:
             log.warning("%s", decision.report)
             await events.Recorder(self.api, COMPONENT, self.node).post(
-                events.object_ref({"apiVersion": "v1", "kind": "Node", **node}),
-                type_="Warning",
-                reason=CONFLICT_REASON,
-                message=decision.report,
+                node_ref, type_="Warning", reason=CONFLICT_REASON, message=decision.report
+            )
+        if decision.notice is not None:
+            log.info("%s", decision.notice)
+            await events.Recorder(self.api, COMPONENT, self.node).post(
+                node_ref, type_="Normal", reason=HANDOVER_REASON, message=decision.notice
             )
         if decision.wait > 0:
             self._wait = decision.wait

@@ -4,17 +4,27 @@
    Event on the Node, and rebuilt from the API server and the CDI directory), CDI directory
    repaired from the checkpoint; on a node set up for CDI only (``--toolkit-cdi-kind``), the
    toolkit's spec looked for (a warning naming the command that makes it, never a failure).
-2. gRPC servers: DRA socket, then registration socket (the kubelet dials as soon as it sees it).
+   All of step 1 holds the node's serialize lock (``DeviceState.serialized``): in a rolling
+   update the old pod may be preparing a claim meanwhile.
+2. gRPC servers: DRA socket, then registration socket (the kubelet dials as soon as it sees it);
+   with a pod UID they are the pod's own, beside the old pod's (``server``).
 3. Long-lived tasks in one TaskGroup: slice publisher (from the moment the kubelet accepts
    the registration, so no pod is ever scheduled onto devices nobody can prepare), device
    health (faults -> taints, Events, the kubelet's health stream), status writer, health and
-   metrics
-   listeners, a watch on the registration status, and a keeper of the socket files (another
-   agent of the same driver may replace them, see ``server``). A crash in one stops the agent
-   instead of leaving it half alive; Kubernetes restarts it and the checkpoint carries the state.
+   metrics listeners, a watch on the registration status, a keeper of the socket files
+   (another agent of the same driver may replace them, see ``server``) and a watch on the
+   other agents' registrations (the publisher takes the pool back at once when the agent it
+   handed the pool over to is gone). A crash in one stops the agent instead of leaving it half
+   alive; Kubernetes restarts it and the checkpoint carries the state.
 
-SIGTERM, SIGINT and SIGHUP all stop it the same way: the registration socket goes first, the
-slices stay published.
+SIGTERM, SIGINT and SIGHUP all stop it the same way: the calls being answered finish, the
+registration socket goes, then the DRA socket; the journal is folded into the snapshot (under
+the serialize lock); the slices stay published.
+
+The configuration is the one the agent started with: the simulated backend's profile is read
+once, here, so a changed profile (a ``helm upgrade``) reaches a node when the DaemonSet
+replaces its pod, one node at a time, and a bad one stops only that new pod. (The chart rolls
+the pods when the profile changes: its checksum is a pod annotation.)
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import NoReturn
 
 # isort: split
@@ -66,11 +77,11 @@ def make_backend(settings: AgentSettings) -> model.Backend:
             driver_root=settings.driver_root,
             nvidia_smi=settings.nvidia_smi,
         )
-    from dra_gpu.devices.simulated import SimulatedBackend
+    from dra_gpu.devices.simulated import SimulatedBackend, load_profile
 
     assert settings.profile is not None  # checked by AgentSettings
     backend = SimulatedBackend(
-        settings.profile,
+        load_profile(settings.profile),  # once: the agent keeps the profile it started with
         settings.node_name,
         faults_file=settings.faults_file,
         xids=settings.xid_policy,
@@ -157,6 +168,7 @@ async def _run(
             shm_dir=settings.mps_shm_dir,
         ),
         toolkit_cdi_kind=settings.toolkit_cdi_kind,
+        serialize_lock=settings.serialize_lock,
     )
     monitor.claims = lambda: [
         ClaimOnDevice(
@@ -168,9 +180,10 @@ async def _run(
         for c in state.prepared.claims.values()
     ]
     monitor.on_device_health = state.device_health
-    state.load(await load_checkpoint(settings, api))
-    for line in await state.recover():
-        log.info("recovery: %s", line)
+    async with state.serialized():  # the old pod of a rolling update may be preparing
+        state.load(await load_checkpoint(settings, api))
+        for line in await state.recover():
+            log.info("recovery: %s", line)
     if settings.toolkit_cdi_kind:
         await check_toolkit_spec(settings, api, publisher.inventory)
     try:
@@ -188,11 +201,12 @@ async def _run(
         )
     finally:
         # After the servers stopped: nothing prepares any more. The journal becomes a
-        # snapshot, which is all that an older agent (a rollback) would read; if that fails,
-        # snapshot and journal still hold everything.
+        # snapshot (with what another agent journaled, read again under the serialize lock),
+        # which is all that an older agent (a rollback) would read; if that fails, snapshot
+        # and journal still hold everything.
         try:
             await state.aclose()
-        except OSError as exc:
+        except (OSError, checkpoint.CorruptCheckpoint) as exc:
             log.error("could not fold the checkpoint's journal into its snapshot: %s", exc)
 
 
@@ -227,8 +241,9 @@ async def _serve(
 
     async def back() -> None:
         # What the other agent prepared and unprepared meanwhile is on disk, not in memory.
-        for line in await state.resume(await load_checkpoint(settings, api)):
-            log.info("recovery: %s", line)
+        async with state.serialized():
+            for line in await state.resume(await load_checkpoint(settings, api)):
+                log.info("recovery: %s", line)
 
     sockets = server.serve(
         state,
@@ -241,6 +256,11 @@ async def _serve(
         health=monitor,
         pool=settings.node_name,
     )
+
+    async def others_registered() -> bool:
+        return bool(await sockets.other_registrations())
+
+    publisher.others_registered = others_registered
     try:
         async with (
             sockets,
@@ -270,6 +290,9 @@ async def _serve(
                         _watch_registration(registration, publisher), name="registration"
                     )
                     tasks.create_task(sockets.keep_forever(), name="plugin-sockets")
+                    tasks.create_task(
+                        _watch_other_registrations(sockets, publisher), name="other-agents"
+                    )
                     tasks.create_task(memory.trim_after_bursts(), name="memory")
                     if cache is not None:
                         tasks.create_task(cache.run_forever(api), name="claim-cache")
@@ -287,6 +310,26 @@ async def _release_stale_forever(state: DeviceState, period: float) -> NoReturn:
         for line in await state.release_stale():
             log.warning("%s", line)
         await asyncio.sleep(period)
+
+
+async def _watch_other_registrations(
+    sockets: server.PluginServers, publisher: SlicePublisher
+) -> NoReturn:
+    """Checks the pool again whenever the set of other agents registered for the driver on
+    this node changes (a newer pod registered beside us, or the one we handed the pool over to
+    is gone). Local: a directory listing and a connect per other socket."""
+    seen: list[Path] = []
+    while True:
+        await asyncio.sleep(server.SOCKET_CHECK_SECONDS)
+        others = await sockets.other_registrations()
+        if others != seen:
+            log.info(
+                "other agents of %s registered on this node: %s",
+                sockets.driver,
+                ", ".join(p.name for p in others) or "none",
+            )
+            seen = others
+            publisher.trigger()
 
 
 async def _stop_on(stopping: asyncio.Event) -> NoReturn:

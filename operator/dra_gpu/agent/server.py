@@ -12,11 +12,22 @@
   ``NotifyRegistrationStatus``.
 
 The kubelet dials as soon as it sees the registration socket, so ``serve`` brings the DRA socket
-up first and, on the way out, removes the registration socket first. Sockets are created with
-mode 0660 (owner and group only): whoever can talk to them can make the agent write files.
+up first. Sockets are created with mode 0660 (owner and group only): whoever can talk to them
+can make the agent write files.
 
-The socket paths are fixed, so a second agent of the same driver on the node (an old pod still
-running during an upgrade, two releases with one driver name) replaces our socket files with
+Rolling updates: with a pod UID (``AgentSettings.pod_uid``, the chart's), the sockets are the
+pod's own, ``<driver>-<uid>-reg.sock`` and ``dra-<uid>.sock``, as upstream's helper names them.
+A new pod then registers beside the old one (a kubelet of 1.33 or later keeps several
+registrations of one driver and calls the newest connected one), and the old one stops
+without a gap: on SIGTERM it first lets the calls it is answering finish (the kubelet closes
+its connection to a plugin whose registration goes, which would cancel them), then removes
+its registration socket (the kubelet drops it and keeps calling the newer one), answers what
+arrived meanwhile, and closes (``PluginServers.stop``). ``other_registrations`` lists the live
+registrations of the driver that are not ours (the publisher hands the pool over to a newer
+one while it is there, see ``contention``).
+
+Without a pod UID the socket paths are fixed, so a second agent of the same driver on the node
+(two releases with one driver name, an agent started by hand) replaces our socket files with
 its own, and the kubelet registers that one instead. ``PluginServers.keep_forever`` notices:
 while the other agent's sockets answer, we leave them alone (and our slices to it, see
 ``contention``; and the checkpoint and CDI directory, see ``on_taken``); once they are gone,
@@ -43,6 +54,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -77,8 +89,11 @@ the health stream only for a plugin that lists one (older kubelets ignore unknow
 HEALTH_RESEND_SECONDS = 10.0
 """The kubelet marks a device Unknown if not told about it for 30 s (its default timeout)."""
 SOCKET_MODE = 0o660
-STOP_GRACE_SECONDS = 2.0
-"""How long a stop waits for the calls being answered."""
+STOP_GRACE_SECONDS = 10.0
+"""How long a stop waits for the calls being answered before it removes the registration (a
+prepare may wait for the other agent's serialize lock; the pod's grace period is 30 s)."""
+STOP_LINGER_SECONDS = 1.0
+"""After the registration is gone: how long calls that arrived meanwhile get to finish."""
 SOCKET_CHECK_SECONDS = 2.0
 """How often ``keep_forever`` checks that our socket files are still ours (two ``stat`` calls)."""
 
@@ -114,11 +129,19 @@ class _InFlight:
             if not self._streams:
                 self._idle.set()
 
+    @property
+    def count(self) -> int:
+        return len(self._streams)
+
+    async def idle(self, within: float) -> None:
+        """Once no call is being answered, or ``within`` seconds later."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), within)
+
     async def drained(self, within: float) -> None:
         """Once no call is being answered, or ``within`` seconds later; then the calls still
         running are answered UNAVAILABLE."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), within)
+        await self.idle(within)
         for stream in list(self._streams):
             with contextlib.suppress(Exception):  # the call may have ended meanwhile
                 await stream.send_trailing_metadata(
@@ -539,18 +562,49 @@ class PluginServers:
             await self.stop()
             raise
 
-    async def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
-        """Registration socket first; a socket file that is no longer ours stays. Calls being
-        answered get ``grace`` seconds to finish (``_InFlight.drained``)."""
+    async def stop(
+        self, grace: float = STOP_GRACE_SECONDS, linger: float = STOP_LINGER_SECONDS
+    ) -> None:
+        """The calls being answered get ``grace`` seconds to finish while we are still
+        registered (the kubelet cancels the calls of a plugin it deregisters); then the
+        registration socket goes, and the DRA socket after it; a socket file that is no longer
+        ours stays. Calls still running ``linger`` seconds later are answered UNAVAILABLE."""
+        if self._calls.count:
+            log.info("stopping: waiting for %d call(s) being answered", self._calls.count)
+            await self._calls.idle(grace)
         for bound in reversed(self._bound):
             if _socket_id(bound.path) not in (None, bound.socket_id):
                 self.taken = True
             _remove_if_ours(bound)
-        await self._calls.drained(grace)
+        await self._calls.drained(linger)
         while self._bound:
             bound = self._bound.pop()
             bound.server.close()
             await bound.server.wait_closed()
+
+    async def other_registrations(self) -> list[Path]:
+        """The registration sockets of our driver in the kubelet's registry directory, other
+        than ours, that a process answers on: other agents of the driver the kubelet may
+        have registered (the pod of a rolling update beside us, or, with fixed socket names,
+        the agent that took ours over)."""
+        found = await asyncio.to_thread(self._registration_files)
+        mine = self._bound[1] if len(self._bound) == 2 else None
+        others = [
+            path
+            for path in found
+            if mine is None or path != mine.path or _socket_id(path) != mine.socket_id
+        ]
+        return [path for path in others if await _answers_at(path)]
+
+    def _registration_files(self) -> list[Path]:
+        pattern = re.compile(
+            rf"{re.escape(self.driver)}(-[0-9a-f]{{8}}(-[0-9a-f]{{4}}){{3}}-[0-9a-f]{{12}})?-reg\.sock"
+        )
+        try:
+            names = os.listdir(self.registration_socket.parent)
+        except FileNotFoundError:
+            return []
+        return sorted(self.registration_socket.parent / n for n in names if pattern.fullmatch(n))
 
     async def check(self) -> str | None:
         """Re-create our sockets if their files are gone or lead nowhere; leave them to a live

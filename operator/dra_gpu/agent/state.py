@@ -18,10 +18,18 @@ journal and one ``fdatasync``, not a new snapshot, group-committed (``commits``)
 prepared at the same time share one append, and their specs are written by the same thread
 just before it, instead of each queueing for its own.
 
-A second agent of the driver on the node (an old pod during an upgrade, two releases) shares
-the host directories. Only the agent the kubelet calls may write them: one that finds its
-sockets taken over is ``retire``d (no writes at all, not even the snapshot at stop), and
-``resume``s from what the other left on disk if its sockets come back.
+A second agent of the driver on the node (the new pod of a rolling update beside the old one,
+two releases) shares the host directories. With sockets of their own (per pod), both are
+registered and the kubelet calls the newer; calls the older one is still answering, and its
+release of stale claims, may overlap with the newer's. So every prepare and unprepare batch
+holds the node's serialize lock (``commits.SerializeLock``, a file lock in the checkpoint
+directory, as upstream's helper serializes them), and whoever takes it first reads the
+checkpoint again if the other agent wrote it meanwhile (``sync_with_disk``): what ``prepared``
+says is never stale while a call acts on it. The start (load, recovery) and the fold of the
+journal at stop hold it too. With the fixed socket names of one driver (no pod UID), the
+newer agent takes the sockets over instead: one that finds its sockets taken over is
+``retire``d (no writes at all, not even the snapshot at stop), and ``resume``s from what the
+other left on disk if its sockets come back.
 
 MIG instances (a backend with ``model.MigInstances``): prepare of a MIG partition creates its
 GPU and compute instance before the spec and the checkpoint entry, and unprepare destroys it
@@ -41,11 +49,12 @@ checkpoint after an unprepare and at start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +140,7 @@ class DeviceState:
         cache: claimcache.ClaimCache | None = None,
         sharing: mps.Sharing | None = None,
         toolkit_cdi_kind: str = "",
+        serialize_lock: Path | None = None,
     ) -> None:
         self.api = api
         self._toolkit_cdi_kind = toolkit_cdi_kind  # "": our CDI devices only (agent.toolkit)
@@ -161,10 +171,51 @@ class DeviceState:
             write_spec=self._write_spec,
         )
         self._reads = asyncio.Semaphore(CLAIM_READS)
+        self._lock = (
+            commits.SerializeLock(
+                serialize_lock,
+                on_acquired=self.sync_with_disk,
+                before_release=self._commits.written,
+            )
+            if serialize_lock is not None
+            else None
+        )
+        self.reloads = 0
+        """How often the checkpoint was read again because another agent had written it."""
 
     @property
     def prepared(self) -> checkpoint.Checkpoint:
         return self._commits.committed
+
+    @contextlib.asynccontextmanager
+    async def serialized(self) -> AsyncIterator[None]:
+        """Hold the node's serialize lock (shared by this agent's calls; none without a lock
+        file): no other agent prepares, unprepares or writes the checkpoint meanwhile, and
+        ``prepared`` is what the checkpoint says."""
+        if self._lock is None:
+            yield
+            return
+        async with self._lock.held():
+            yield
+
+    async def sync_with_disk(self) -> None:
+        """(Holding the serialize lock.) Read the checkpoint again if another agent wrote it
+        since we last read or wrote it."""
+        await self._commits.written()
+        recorded = await asyncio.to_thread(self._commits.read_if_changed)
+        if recorded is None:
+            return
+        before = self.prepared.claims
+        self._commits.reloaded(recorded)
+        self.reloads += 1
+        added = len(recorded.claims.keys() - before.keys())
+        removed = len(before.keys() - recorded.claims.keys())
+        log.info(
+            "another agent wrote %s: read it again (%d claim(s) prepared, %d unprepared by it)",
+            self.checkpoint_file,
+            added,
+            removed,
+        )
 
     # ---- start and stop ------------------------------------------------------------------
 
@@ -191,6 +242,13 @@ class DeviceState:
         self.load(recorded)
         return await self.recover()
 
+    def _unserialized(self, exc: Exception) -> str:
+        lock = self._lock.path if self._lock is not None else "(none)"
+        return (
+            f"node {self.node}: the agent could not take the serialize lock {lock} or read "
+            f"{self.checkpoint_file} again under it: {type(exc).__name__}: {exc}"
+        )
+
     def _check_not_retired(self, ref: ClaimRef) -> None:
         if self.retired is not None:
             raise ClaimError(
@@ -198,17 +256,24 @@ class DeviceState:
             )
 
     async def aclose(self) -> None:
-        """``close``, once a write still under way (its RPC cancelled at shutdown) is over;
-        nothing is written if we were retired."""
-        await self._commits.written()
-        if self.retired is None:
-            await asyncio.to_thread(self.close)
-        else:
-            self._commits.drop_journal()
+        """``close``, once a write still under way (its RPC cancelled at shutdown) is over,
+        holding the serialize lock (what another agent wrote meanwhile is read first, and
+        folded in with ours); nothing is written if we were retired."""
+        try:
+            async with self.serialized():
+                await self._commits.written()
+                if self.retired is None:
+                    await asyncio.to_thread(self.close)
+                else:
+                    self._commits.drop_journal()
+        finally:
+            if self._lock is not None:
+                self._lock.close()
 
     def close(self) -> None:
         """Fold the journal into a snapshot (an older agent reads only that) and close it.
-        Blocking; call it once nothing is prepared or unprepared any more."""
+        Blocking; call it once nothing is prepared or unprepared any more (and, beside another
+        agent, holding the serialize lock)."""
         self._commits.close()
 
     async def recover(self) -> list[str]:
@@ -245,17 +310,27 @@ class DeviceState:
                 continue
             prepared = [(d.pool, d.device) for d in record.devices]
             reason = claims.stale_reason(current, uid, prepared, self.driver, self.node)
-            if reason is not None and await self.unprepare(ref) is None:
-                released.append(f"unprepared claim {ref} (uid {uid}): {reason}")
+            if reason is None:
+                continue
+            async with self.serialized():  # read again if another agent wrote meanwhile
+                if uid in self.prepared.claims and await self.unprepare(ref) is None:
+                    released.append(f"unprepared claim {ref} (uid {uid}): {reason}")
         return released
 
     # ---- prepare -------------------------------------------------------------------------
 
     async def prepare_all(self, refs: Sequence[ClaimRef]) -> dict[str, Prepared | PrepareFailed]:
-        """Each claim on its own: one bad claim does not fail the others."""
-        if len(refs) == 1:  # the usual request: no task needed
-            return {refs[0].uid: await self.prepare(refs[0])}
-        results = await asyncio.gather(*(self.prepare(ref) for ref in refs))
+        """Each claim on its own: one bad claim does not fail the others. The batch holds the
+        serialize lock."""
+        try:
+            async with self.serialized():
+                if len(refs) == 1:  # the usual request: no task needed
+                    return {refs[0].uid: await self.prepare(refs[0])}
+                results = await asyncio.gather(*(self.prepare(ref) for ref in refs))
+        except Exception as exc:  # the lock, or the checkpoint read again under it
+            log.error("prepare of %d claim(s) failed: %s", len(refs), exc)
+            failed = PrepareFailed(self._unserialized(exc))
+            return {ref.uid: failed for ref in refs}
         return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
 
     async def prepare(self, ref: ClaimRef) -> Prepared | PrepareFailed:
@@ -403,9 +478,16 @@ class DeviceState:
     # ---- unprepare -----------------------------------------------------------------------
 
     async def unprepare_all(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareFailed | None]:
-        if len(refs) == 1:
-            return {refs[0].uid: await self.unprepare(refs[0])}
-        results = await asyncio.gather(*(self.unprepare(ref) for ref in refs))
+        """As ``prepare_all``: each claim on its own, the batch holding the serialize lock."""
+        try:
+            async with self.serialized():
+                if len(refs) == 1:
+                    return {refs[0].uid: await self.unprepare(refs[0])}
+                results = await asyncio.gather(*(self.unprepare(ref) for ref in refs))
+        except Exception as exc:
+            log.error("unprepare of %d claim(s) failed: %s", len(refs), exc)
+            failed = PrepareFailed(self._unserialized(exc))
+            return {ref.uid: failed for ref in refs}
         return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
 
     async def unprepare(self, ref: ClaimRef) -> PrepareFailed | None:

@@ -196,6 +196,9 @@ class AgentProcess(DraGpuProcess):
     cdi: Path | None = None
     """Where the CDI specs go (the node's ``/var/run/cdi``, where containerd reads them);
     ``state_dir / "cdi"`` when not given."""
+    pod_uid: str = ""
+    """As the chart's pod passes its UID (``--pod-uid``): sockets of its own, beside another
+    agent's, as in a rolling update. Empty: the driver's fixed socket names."""
     name = "agent"
 
     @classmethod
@@ -235,6 +238,8 @@ class AgentProcess(DraGpuProcess):
             "--bind-address=127.0.0.1",
             f"--resync-seconds={self.resync_seconds}",
         ]
+        if self.pod_uid:
+            args.append(f"--pod-uid={self.pod_uid}")
         return [*args, f"--profile={self.profile}"] if self.profile is not None else args
 
 

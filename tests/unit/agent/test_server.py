@@ -189,7 +189,11 @@ async def prepare_call(socket: Path) -> v1.NodePrepareResourcesResponse:
         return await v1_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=10)
 
 
-async def test_a_stop_lets_the_call_being_answered_finish_first(tmp_path: Path) -> None:
+async def test_a_stop_lets_the_call_being_answered_finish_before_the_registration_goes(
+    tmp_path: Path,
+) -> None:
+    # The kubelet closes its connection to a plugin whose registration socket goes, which
+    # cancels the calls on it ("grpc: the client connection is closing"): so they finish first.
     servers_, release, arrived = held(tmp_path)
     await servers_.start()
     call = asyncio.create_task(prepare_call(servers_.dra_socket))
@@ -197,10 +201,12 @@ async def test_a_stop_lets_the_call_being_answered_finish_first(tmp_path: Path) 
     stopping = asyncio.create_task(servers_.stop(grace=10))
     await asyncio.sleep(0.2)
     assert not stopping.done()  # waiting for the call
-    assert not servers_.dra_socket.exists()  # but no longer found by the kubelet
+    assert servers_.registration_socket.exists()  # still registered meanwhile
     release.set()
     assert (await call).claims == {}
     await stopping
+    assert not servers_.registration_socket.exists()
+    assert not servers_.dra_socket.exists()
 
 
 async def test_a_call_that_outlasts_a_stops_grace_is_answered_unavailable_at_once(
@@ -210,7 +216,7 @@ async def test_a_call_that_outlasts_a_stops_grace_is_answered_unavailable_at_onc
     await servers_.start()
     call = asyncio.create_task(prepare_call(servers_.dra_socket))
     await eventually(lambda: arrived, what="the prepare arrived")
-    await asyncio.wait_for(servers_.stop(grace=0.2), 5)
+    await asyncio.wait_for(servers_.stop(grace=0.2, linger=0.2), 5)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await asyncio.wait_for(call, 2)  # answered now, not at the call's deadline
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -13,6 +13,25 @@ decide what to do with a corrupt file (``quarantine`` only moves one aside). Its
     journal   the journal's lines (the changes since the snapshot) and their replay
     storage   the files: ``read_checkpoint``, ``write_checkpoint``, ``Journal``, ``quarantine``
 
+Versioning rule: what one version writes, the previous version reads. An agent of version N
+may be rolled back to N-1 (``helm rollback``), and in a rolling update the two run side by side
+on one node (``commits.SerializeLock`` keeps them apart), so:
+
+- The snapshot is always written in a format the previous version reads: ``v1`` until a
+  release whose predecessor already reads its successor. A change within ``v1`` only adds
+  optional keys (as ``share_id`` and ``mig_instance`` were added) that older readers ignore
+  and whose absence newer readers accept; a key is never renamed, retyped or made required.
+- A new format gets a new version string, is read by one release (added to
+  ``v1.SUPPORTED_VERSIONS``) before a later release writes it, and the release that writes it
+  still reads every version the previous one wrote.
+- The journal is an addition the snapshot does not depend on: a clean stop folds it into the
+  snapshot (``DeviceState.aclose``, also folding in what another agent journaled), so a
+  reader of the snapshot alone (agents before the journal) sees every prepared claim; and a
+  journal whose header names another snapshot is ignored, so an older snapshot writer's file
+  is never misread with a stale journal.
+- Tested: ``tests/unit/agent/test_checkpoint_versions.py`` reads what this code writes (with a
+  journal, then a clean stop) with the last snapshot-only reader, taken from git history.
+
 Callers use the names below as ``checkpoint.X``.
 """
 
@@ -27,7 +46,9 @@ from dra_gpu.agent.checkpoint.records import (
     record_claim,
 )
 from dra_gpu.agent.checkpoint.storage import (
+    FileState,
     Journal,
+    files_state,
     quarantine,
     read_checkpoint,
     write_checkpoint,
@@ -39,11 +60,13 @@ __all__ = [
     "Checkpoint",
     "CorruptCheckpoint",
     "Delete",
+    "FileState",
     "Journal",
     "PreparedClaim",
     "Put",
     "RecordedDevice",
     "dump",
+    "files_state",
     "journal_path",
     "load",
     "quarantine",

@@ -52,6 +52,26 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise v1.CorruptCheckpoint(error.reason, path=path) from None
 
 
+FileState = tuple[tuple[int, int, int, int, int] | None, ...]
+"""What ``files_state`` says of a checkpoint's two files."""
+
+
+def files_state(path: Path) -> FileState:
+    """The identity, size and modification times of the snapshot at ``path`` and of its
+    journal (None for a file that is not there): what another writer's change changes. Every
+    write replaces the snapshot (a new inode) or appends to the journal (a new size), so two
+    equal states mean nobody wrote in between."""
+    found: list[tuple[int, int, int, int, int] | None] = []
+    for file in (path, journal.journal_path(path)):
+        try:
+            st = file.stat()
+        except FileNotFoundError:
+            found.append(None)
+            continue
+        found.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(found)
+
+
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> str:
     """Store ``checkpoint`` at ``path`` atomically (mode 0600), creating the directory; an
     older journal goes. Returns the snapshot's checksum."""

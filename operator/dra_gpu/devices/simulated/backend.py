@@ -1,10 +1,11 @@
 """The simulated backend: one node's GPUs served from a profile, for clusters without GPUs.
 
 Owns what a simulated GPU's "hardware" holds and the backend protocol over a profile
-(``simulated.profile``): the node's inventory, re-read from the file on every call so that
-editing it adds or removes GPUs; the container edits of a claim; the faults the faults file
-lists (``simulated.faults``); the GPU settings sharing sets; and the MIG instances. It never
-talks to Kubernetes.
+(``simulated.profile``): the node's inventory (from a parsed profile, as the agent gives it:
+read once at start, so a running agent keeps its configuration until its pod is replaced; or
+from a file re-read on every call, for tests and demos that edit it); the container edits of
+a claim; the faults the faults file lists (``simulated.faults``); the GPU settings sharing
+sets; and the MIG instances. It never talks to Kubernetes.
 
 Simulated MIG instances (``model.MigInstances``): the GPU instances that exist now are the
 "hardware" state of the simulated GPUs, kept in ``<hardware dir>/<node>-mig-instances.json``.
@@ -41,9 +42,10 @@ _R = TypeVar("_R")
 class SimulatedBackend:
     """Serves one node's devices from a profile.
 
-    Given a path, the file is parsed here (so a bad profile stops the agent at start) and read
-    again, off the event loop, on every ``inventory()``: editing the file is how tests and
-    demos add or remove GPUs. A file that turns bad later raises ``ProfileError`` from there.
+    Given a parsed ``Profile`` (what the agent passes, ``runner.make_backend``), that one is
+    served for the backend's life. Given a path, the file is parsed here and read again, off
+    the event loop, on every ``inventory()`` (tests that edit it add or remove GPUs); a file
+    that turns bad later raises ``ProfileError`` from there.
     """
 
     def __init__(
