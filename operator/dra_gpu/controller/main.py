@@ -72,6 +72,11 @@ from dra_gpu.serving import httpserver, metrics
 log = logging.getLogger(__name__)
 SETTLE_SECONDS = 0.2
 """A pass starts this long after the first change of a burst, so the burst lands first."""
+WARM_BUDGET = 1.0
+"""Seconds an admission review may spend working out a new selector on every device before
+the object is admitted without a warning (the webhook's timeout is 5 s by default)."""
+WARM_BREAK = 0.005
+"""Seconds of that work between two breaks for the event loop."""
 
 
 class _Stopped(Exception):
@@ -123,6 +128,7 @@ class Controller:
                 settings,
                 api,
                 self.explain_now,
+                self.warm,
                 is_leader=lambda: self.leader.is_leader,
                 leader_changed=self.leader.changed,
             )
@@ -142,6 +148,25 @@ class Controller:
         handlers = wiring.registry(self.view, self.wake, self.webhook.server, taint_rules=rules)
         self.webhook.register(handlers)
         return handlers
+
+    async def warm(self, claim: Mapping[str, Any]) -> bool:
+        """Work out ``claim``'s selectors on every device of this replica's view (admission,
+        before ``explain_now``), taking a break every ``WARM_BREAK`` seconds; False when it
+        took longer than ``WARM_BUDGET`` (or before the first pass)."""
+        if not self.reconciled:
+            return False
+        loop = asyncio.get_running_loop()
+        layout = self.explainer.current_world().layout
+        deadline = loop.time() + WARM_BUDGET
+        pause = loop.time() + WARM_BREAK
+        for selectors in explain.selector_lists(claim):
+            for _pool in layout.warming(selectors):
+                if loop.time() > pause:
+                    await asyncio.sleep(0)
+                    pause = loop.time() + WARM_BREAK
+                if loop.time() > deadline:
+                    return False
+        return True
 
     def explain_now(self, claim: Mapping[str, Any]) -> explain.Explanation | None:
         """``claim`` against this replica's view as of its last pass (admission's warnings);

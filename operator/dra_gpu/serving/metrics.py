@@ -399,6 +399,13 @@ ADMISSION_WARNINGS = Counter(
     ["kind"],
     registry=CONTROLLER,
 )
+ADMISSION_UNEXPLAINED = Counter(
+    "dra_gpu_admission_unexplained_total",
+    "Objects admitted unexplained (no warning worked out) because working out their "
+    "selectors on every device took longer than the budget, by kind.",
+    ["kind"],
+    registry=CONTROLLER,
+)
 ADMISSION_SECONDS = Histogram(
     "dra_gpu_admission_duration_seconds",
     "Time to answer one admission review, by kind (the handler's own time).",

@@ -3,6 +3,7 @@ nothing can satisfy now is admitted with a warning; nothing else is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 from typing import Any
@@ -11,11 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gpu.controller import explain
+from dra_gpu import kube
+from dra_gpu.config import ControllerSettings
+from dra_gpu.controller import explain, main
 from dra_gpu.controller.admission import handlers, review
+from dra_gpu.controller.main import Controller
 from dra_gpu.devices import opaque
+from dra_gpu.kube import transport
 from tests.unit.controller.test_explain import (
     device_class,
+    gpu_slice,
     memory_selector,
     ready_node,
     set_request,
@@ -239,3 +245,52 @@ def test_an_explanation_that_fails_admits_without_a_warning() -> None:
 def test_generated_names_are_named_as_such() -> None:
     body = {"metadata": {"namespace": "ns", "generateName": "job-"}}
     assert review.object_name(body) == "ns/job-<generated>"
+
+
+# --- a new selector never holds the event loop ------------------------------------------
+
+
+def warm_controller() -> Controller:
+    """A standby's Controller whose view holds 40 nodes of 8 GPUs (webhook off: only its
+    ``warm`` and ``explain_now`` are used)."""
+    api = kube.Kube(transport.Client("http://127.0.0.1:1"))  # never called
+    controller = Controller(ControllerSettings(identity="replica-a"), api)
+    controller.view.apply("DeviceClass", "ADDED", device_class())
+    for n in range(40):
+        node = f"node-{n:02d}"
+        memories = {f"gpu-{g}": f"{8 * (1 + (n + g) % 10)}Gi" for g in range(8)}
+        controller.view.apply("ResourceSlice", "ADDED", gpu_slice(node, dict(memories)))
+        controller.view.apply("Node", "ADDED", ready_node(node))
+    controller.leader.is_leader = False
+    return controller
+
+
+async def test_warming_works_out_a_new_selector_with_breaks_then_explaining_reads_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller = warm_controller()
+    claim = tutorial_claim("200Gi")
+    assert await controller.warm(claim) is False  # before the first pass: nothing to warn
+    await controller.reconcile_once()
+    monkeypatch.setattr(main, "WARM_BREAK", 0.0)  # a break after every pool
+    breaks = 0
+
+    async def count_breaks() -> None:
+        nonlocal breaks
+        while True:
+            await asyncio.sleep(0)
+            breaks += 1
+
+    counting = asyncio.create_task(count_breaks())
+    try:
+        assert await controller.warm(claim) is True
+    finally:
+        counting.cancel()
+    assert breaks >= 39  # the loop ran between the 40 pools
+    explanation = controller.explain_now(claim)
+    assert explanation is not None
+    assert explanation.reason == explain.Reason.NO_DEVICE_FITS
+    # Out of budget: admitted without a warning, never a refusal.
+    monkeypatch.setattr(main, "WARM_BUDGET", -1.0)
+    assert await controller.warm(tutorial_claim("100Gi")) is False
+    assert await controller.warm(tutorial_claim("200Gi")) is True  # worked out before: cached

@@ -32,12 +32,14 @@ class Webhook:
         settings: ControllerSettings,
         api: kube.Kube,
         explain_now: handlers.Explain,
+        warm: handlers.Warm,
         *,
         is_leader: Callable[[], bool],
         leader_changed: asyncio.Event,
     ) -> None:
         self.driver = settings.driver_name
         self.explain_now = explain_now
+        self.warm = warm
         if settings.webhook_cert_dir is not None:
             self.cert_dir = settings.webhook_cert_dir
             self.keeper: keeper.CertificateKeeper | None = None
@@ -49,7 +51,7 @@ class Webhook:
         self.server = server.webhook_server(settings, self.cert_dir)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
-        handlers.register(registry, self.driver, self.explain_now)
+        handlers.register(registry, self.driver, self.explain_now, self.warm)
 
     async def run_forever(self) -> NoReturn:
         """Keep the self-issued certificate (a job of the controller); with cert-manager's

@@ -36,7 +36,7 @@ This face re-exports what callers use; the parts, each one concern:
 
 from dra_gpu.controller.explain.allocated import driver_not_ready, prepared
 from dra_gpu.controller.explain.claims import explain, explain_claim, format_pieces
-from dra_gpu.controller.explain.requests import class_names
+from dra_gpu.controller.explain.requests import class_names, selector_lists
 from dra_gpu.controller.explain.results import (
     PIECE_NAMES,
     DeviceVerdict,
@@ -83,5 +83,6 @@ __all__ = [
     "format_pieces",
     "prepare_failure",
     "prepared",
+    "selector_lists",
     "to_dict",
 ]

@@ -5,7 +5,8 @@ each subrequest of a ``firstAvailable`` one, which fits if any alternative does)
 its class (the scheduler's own words when it is missing), for selectors that do not compile,
 then against the devices (``matching``). Requests alike (same request, same pod constraints,
 same classes) share one check within a World, and across Worlds while ``Checks`` versions hold.
-Also ``class_names``: the DeviceClasses a claim's requests name.
+Also ``class_names``: the DeviceClasses a claim's requests name; ``selector_lists``: the
+request selectors a claim's check evaluates on every device.
 Must not: do any I/O; it reads the World's Scope and the classes it is given.
 """
 
@@ -16,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from dra_gpu import cel
 from dra_gpu.controller.explain import matching, mismatches, results, wording
 from dra_gpu.controller.explain.results import Piece, Reason, RequestExplanation
 from dra_gpu.controller.explain.world import Scope
@@ -31,6 +33,22 @@ def class_names(claim: Body) -> list[str]:
         str(s.get("deviceClassName", "")) for r in requests for s in r.get("firstAvailable") or []
     }
     return sorted(n for n in names if n)
+
+
+def selector_lists(claim: Body) -> list[tuple[cel.Compiled, ...]]:
+    """The compiled selectors of each request and subrequest of ``claim`` whose selectors all
+    compile: the lists its check evaluates on every device (besides the classes' own)."""
+    lists = []
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if request.get("firstAvailable") and request.get("exactly") is None:
+            specs = list(request["firstAvailable"])
+        else:
+            specs = [request.get("exactly") or {}]
+        for spec in specs:
+            found = mismatches.selectors(spec.get("selectors"), None)
+            if found and mismatches.compile_problem(found) is None:
+                lists.append(tuple(s.compiled for s in found))
+    return lists
 
 
 def explain_request(request: Body, scope: Scope, classes: Mapping[str, Body]) -> RequestExplanation:

@@ -123,6 +123,17 @@ class Layout:
             self._outcomes[key] = found
         return found
 
+    def warming(self, selectors: Sequence[cel.Compiled]) -> Iterator[None]:
+        """Work out ``selectors``' outcome on every device, pool by pool, yielding after each
+        pool: a caller on an event loop takes its breaks in between (a selector nobody used
+        before costs a CEL evaluation per distinct device); ``outcomes`` then reads the
+        cache."""
+        if selections.list_key(selectors) in self._outcomes:
+            return
+        for pool, _indexes in self._where:
+            self.selections.outcomes(selectors, pool)
+            yield
+
     def candidates(self, selectors: Sequence[cel.Compiled]) -> tuple[int, ...]:
         """Indexes of the devices a class's selectors do not rule out with a plain "no"."""
         key = selections.list_key(selectors)
