@@ -1,6 +1,7 @@
 """The built tools tests run, each from where the repository builds it, for marked tests only.
 
-helm and the control plane binaries: ``make kubebins`` (``dra_gpu.testing.default_bin_dir``).
+helm and the control plane binaries: ``make kubebins`` (``dra_gpu.testing.default_bin_dir``);
+another Kubernetes version's: ``kubebins`` (the same script, told the version).
 promtool (and prometheus): Debian's package, unpacked by ``hack/build-prometheus.sh``. The
 oracles (celref, nvmlref) and the node's containerd and images: their ``hack/build-*.sh``,
 which build into the cache, or find the build there, and print its path on the last line.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu.testing import default_bin_dir
@@ -22,18 +24,49 @@ from tests.support import lanes
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def built(script: str, variable: str | None = None, *, timeout: float | None = None) -> Path:
+def built(
+    script: str,
+    variable: str | None = None,
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Path:
     """What ``hack/<script>`` builds (or finds in the cache): the path on its last line, or the
-    directory the environment variable ``variable`` names."""
+    directory the environment variable ``variable`` names. ``env`` is added to the script's
+    environment (which version to build)."""
     lanes.require(f"the build of hack/{script}")
     if variable and (explicit := os.environ.get(variable)):
         return Path(explicit)
     result = subprocess.run(
-        [str(ROOT / "hack" / script)], capture_output=True, text=True, check=False, timeout=timeout
+        [str(ROOT / "hack" / script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     if result.returncode != 0:
         raise RuntimeError(f"hack/{script} failed:\n{result.stderr[-3000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+def kubebins(version: str) -> Path:
+    """The directory of Kubernetes ``version``'s binaries (``v1.36.3``: the kubelet, kubectl,
+    the control plane's), which ``hack/build-kubebins.sh`` builds into its per-version cache or
+    finds there: another version than the session's (``default_bin_dir``), e.g. an older
+    kubelet to upgrade from. Cold, the build takes about 13 minutes on 2 cores."""
+    cache = Path(os.environ.get("DRA_GPU_CACHE", Path.home() / ".cache" / "dra-gpu"))
+    directory = cache / "bin" / version
+    return built(
+        "build-kubebins.sh", env={"K8S_VERSION": version, "DRA_GPU_BIN_DIR": str(directory)}
+    )
+
+
+def pinned_kubernetes(minor: int) -> str | None:
+    """The Kubernetes version of ``minor`` (36: ``v1.36.3``) that the repository pins (a
+    committed wrapper module, ``hack/kubebins/<version>``), or None if it pins none."""
+    pinned = [path.name for path in (ROOT / "hack" / "kubebins").glob(f"v1.{minor}.*")]
+    return max(pinned, key=lambda v: int(v.rsplit(".", 1)[1]), default=None)
 
 
 def prometheus_bin() -> Path:

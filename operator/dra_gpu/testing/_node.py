@@ -299,6 +299,24 @@ class RealNode(StartStop):
             raise ControlPlaneError(f"{self} is not running")
         os.kill(first, signal.SIGHUP)
 
+    def upgrade_kubelet(self, kubelet: Path) -> None:
+        """Swap the node's kubelet binary for ``kubelet`` and restart it, as an in-place kubelet
+        upgrade (or downgrade) does: containerd and the pods keep running, the kubelet's
+        directory (its DRA checkpoint, the plugins' registration sockets) stays. Returns once
+        the restart is asked for: the old kubelet's Node may still say Ready, so wait for
+        ``status.nodeInfo.kubeletVersion``. Later starts of this node (``reboot``) run it too."""
+        if not os.access(kubelet, os.X_OK):
+            raise ControlPlaneError(f"{kubelet} is not an executable kubelet")
+        if not self.running:
+            raise ControlPlaneError(f"{self} is not running")
+        self.runtime = dataclasses.replace(self.runtime, kubelet=kubelet)
+        # The node's first process reads the kubelet's argv again when told to restart it.
+        spec_file = self.state / "node.json"
+        spec = json.loads(spec_file.read_text())
+        spec["kubelet"][0] = str(kubelet)
+        self._write_json(spec_file, spec)
+        self.restart_kubelet()
+
     @property
     def running(self) -> bool:
         return self._unshare is not None and self._unshare.poll() is None

@@ -9,7 +9,8 @@ server's egress (``_egress.py node``: the API server's dials to the kubelet and 
 there), containerd (imports the images) and the kubelet, and reaps what dies. SIGTERM stops
 the kubelet, then containerd, then exits: the kernel then ends every process left in the PID
 namespace (shims, containers) and the mounts and interfaces go with the namespaces. SIGHUP
-restarts the kubelet (as systemd would).
+restarts the kubelet (as systemd would), with the argv NODE.json holds then
+(``RealNode.upgrade_kubelet`` swaps its binary).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def log(message: str) -> None:
 
 
 class Node:
-    def __init__(self, spec: dict) -> None:  # type: ignore[type-arg]
+    def __init__(self, spec: dict, spec_file: Path | None = None) -> None:  # type: ignore[type-arg]
         self.spec = spec
+        self.spec_file = spec_file
         self.logs = Path(spec["logs"])
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
@@ -101,6 +103,8 @@ class Node:
                 self.restart_kubelet = False
                 log("restarting the kubelet")
                 self.stop("kubelet")
+                if self.spec_file is not None:  # its binary may have been swapped
+                    self.spec["kubelet"] = json.loads(self.spec_file.read_text())["kubelet"]
                 self.spawn("kubelet", self.spec["kubelet"])
             for name, child in list(self.children.items()):
                 if child.poll() is not None:
@@ -135,8 +139,8 @@ class Node:
 
 
 def main() -> int:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    return Node(spec).serve()
+    spec_file = Path(sys.argv[1])
+    return Node(json.loads(spec_file.read_text()), spec_file).serve()
 
 
 if __name__ == "__main__":
