@@ -1,7 +1,8 @@
 """Real servers on loopback for the HTTP client and ``kube``'s transport: each test scripts what
 its server sends, byte for byte (a chunked stream, a connection closed at the wrong moment,
 garbage), over plain TCP or TLS (``Pki``: the certificates of the ``pki`` fixture); and a
-real HTTP proxy (``proxying``: ``CONNECT`` tunnels, Basic proxy authentication, its own names)."""
+real HTTP proxy (``proxying``: ``CONNECT`` tunnels, Basic proxy authentication, its own names);
+and a scripted API server (``scripted_api``: JSON answers from a test's own state)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any, Protocol
+
+from dra_gpu import kube
+from dra_gpu.kube import transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[object]]
 """A connection's script: its reader, its writer, and which connection it is (0, 1, ...)."""
@@ -199,3 +204,37 @@ async def proxying(
     async with serving(handler, tls=tls) as server:
         proxy = Proxy(server)
         yield proxy
+
+
+class Scripted(Protocol):
+    """An API server's state as a test keeps it: every request it was sent, and its answer."""
+
+    requests: list[tuple[str, str, Any]]
+
+    def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]: ...
+
+
+def status(code: int, reason: str) -> dict[str, Any]:
+    """A ``Status`` body as the API server sends it with an error code."""
+    return {"kind": "Status", "code": code, "reason": reason, "message": reason}
+
+
+@contextlib.asynccontextmanager
+async def scripted_api(fake: Scripted) -> AsyncIterator[kube.Kube]:
+    """A ``kube.Kube`` on a loopback server that answers every JSON request as ``fake`` does
+    (paths without their query), recording it in ``fake.requests``."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            request = await read_request(reader)
+            head, _blank, payload = request.partition(b"\r\n\r\n")
+            method, target, _version = head.split(b"\r\n")[0].decode().split(" ")
+            path = target.partition("?")[0]
+            body = json.loads(payload) if payload else None
+            fake.requests.append((method, path, body))
+            code, obj = fake.answer(method, path, body)
+            writer.write(answer(json.dumps(obj).encode(), f"{code} Status"))
+            await writer.drain()
+
+    async with serving(handler) as server, kube.Kube(transport.Client(server.url())) as api:
+        yield api

@@ -5,7 +5,6 @@ keeps DeviceTaintRules as the real one would (409 for a name taken, 404 for one 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -15,15 +14,13 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import kube
 from dra_gpu.controller import absences, agents, explain, taintrules
 from dra_gpu.controller.absences import DriverGone
 from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.view import ClusterView
-from dra_gpu.kube import transport
 from dra_gpu.resource import labels, names
 from dra_gpu.serving import metrics
-from tests.support.api_servers import answer, read_request, serving
+from tests.support.api_servers import scripted_api, status
 from tests.unit.controller.test_explain import (
     explain_tutorial,
     gpu_slice,
@@ -278,14 +275,14 @@ class FakeApi:
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if method == "GET" and path.startswith("/apis/resource.k8s.io/"):
             if not self.served or path != V1:
-                return 404, _status(404, "NotFound")
+                return 404, status(404, "NotFound")
             return 200, {"kind": "APIResourceList", "resources": [{"name": "devicetaintrules"}]}
         if method == "POST" and path.endswith("/events"):
             return 201, body
         if method == "POST" and path == RULES:
             target = f"{path}/{body['metadata']['name']}"
             if target in self.objects:
-                return 409, _status(409, "AlreadyExists")
+                return 409, status(409, "AlreadyExists")
             self.version += 1
             stored = json.loads(json.dumps(body))
             stored["metadata"].update(uid=f"uid-{self.version}", resourceVersion=str(self.version))
@@ -294,35 +291,13 @@ class FakeApi:
         if method == "DELETE":
             current = self.objects.get(path)
             if current is None:
-                return 404, _status(404, "NotFound")
+                return 404, status(404, "NotFound")
             uid = ((body or {}).get("preconditions") or {}).get("uid")
             if uid and uid != current["metadata"]["uid"]:
-                return 409, _status(409, "Conflict")
+                return 409, status(409, "Conflict")
             del self.objects[path]
             return 200, current
-        return 405, _status(405, "MethodNotAllowed")
-
-
-def _status(code: int, reason: str) -> Body:
-    return {"kind": "Status", "code": code, "reason": reason, "message": reason}
-
-
-@contextlib.asynccontextmanager
-async def api_server(fake: FakeApi) -> AsyncIterator[kube.Kube]:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        while True:
-            request = await read_request(reader)
-            head, _blank, payload = request.partition(b"\r\n\r\n")
-            method, target, _version = head.split(b"\r\n")[0].decode().split(" ")
-            path = target.partition("?")[0]
-            body = json.loads(payload) if payload else None
-            fake.requests.append((method, path, body))
-            code, obj = fake.answer(method, path, body)
-            writer.write(answer(json.dumps(obj).encode(), f"{code} Status"))
-            await writer.drain()
-
-    async with serving(handler) as server, kube.Kube(transport.Client(server.url())) as api:
-        yield api
+        return 405, status(405, "MethodNotAllowed")
 
 
 @dataclasses.dataclass
@@ -366,7 +341,7 @@ async def cluster(fake: FakeApi, grace: float = 10.0) -> AsyncIterator[Cluster]:
         view.apply("Pod", "ADDED", agent_pod(node))
     clock = Clock()
     woken: list[float] = []
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         part = DriverGone(
             view,
             api,

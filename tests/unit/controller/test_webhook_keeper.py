@@ -14,7 +14,7 @@ import datetime
 import json
 import logging
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,8 @@ from dra_gpu import kube
 from dra_gpu.config import ControllerSettings
 from dra_gpu.controller.admission import certificates, keeper
 from dra_gpu.controller.admission.keeper import CertificateKeeper
-from dra_gpu.kube import transport
 from dra_gpu.testing import eventually
-from tests.support.api_servers import answer, read_request, serving
+from tests.support.api_servers import scripted_api, status
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 SETTINGS = ControllerSettings(
@@ -85,12 +84,12 @@ class FakeApi:
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if self.failing:
             self.failing -= 1
-            return 500, _status(500, "InternalError")
+            return 500, status(500, "InternalError")
         if (method, path) in self.forbidden:
-            return 403, _status(403, "Forbidden")
+            return 403, status(403, "Forbidden")
         if method == "GET":
             if path not in self.objects:
-                return 404, _status(404, "NotFound")
+                return 404, status(404, "NotFound")
             return 200, self.objects[path]
         if method == "POST":
             if self.before_create is not None:
@@ -98,10 +97,10 @@ class FakeApi:
                 run()
             target = f"{path}/{body['metadata']['name']}"
             if target in self.objects:
-                return 409, _status(409, "AlreadyExists")
+                return 409, status(409, "AlreadyExists")
             return 201, self.store(target, body)
         if path not in self.objects:
-            return 404, _status(404, "NotFound")
+            return 404, status(404, "NotFound")
         current = self.objects[path]
         if method == "PUT":
             if self.before_replace is not None:
@@ -109,7 +108,7 @@ class FakeApi:
                 run()
                 current = self.objects[path]
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                return 409, _status(409, "Conflict")
+                return 409, status(409, "Conflict")
             return 200, self.store(path, body)
         if method == "PATCH":  # strategic merge of a VWC's webhooks, by name
             merged = json.loads(json.dumps(current))
@@ -118,29 +117,7 @@ class FakeApi:
                 webhook = by_name[change["name"]]
                 webhook.setdefault("clientConfig", {}).update(change["clientConfig"])
             return 200, self.store(path, merged)
-        return 405, _status(405, "MethodNotAllowed")
-
-
-def _status(code: int, reason: str) -> dict[str, Any]:
-    return {"kind": "Status", "code": code, "reason": reason, "message": reason}
-
-
-@contextlib.asynccontextmanager
-async def api_server(fake: FakeApi) -> AsyncIterator[kube.Kube]:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        while True:
-            request = await read_request(reader)
-            head, _blank, payload = request.partition(b"\r\n\r\n")
-            method, target, _version = head.split(b"\r\n")[0].decode().split(" ")
-            path = target.partition("?")[0]
-            body = json.loads(payload) if payload else None
-            fake.requests.append((method, path, body))
-            code, obj = fake.answer(method, path, body)
-            writer.write(answer(json.dumps(obj).encode(), f"{code} Status"))
-            await writer.drain()
-
-    async with serving(handler) as server, kube.Kube(transport.Client(server.url())) as api:
-        yield api
+        return 405, status(405, "MethodNotAllowed")
 
 
 def configuration(*names: str) -> dict[str, Any]:
@@ -178,7 +155,7 @@ def make_keeper(api: kube.Kube, cert_dir: Path, leading: list[bool], **options: 
 async def test_the_leader_creates_the_secret_and_sets_every_ca_bundle(tmp_path: Path) -> None:
     fake = FakeApi()
     fake.store(VWC, configuration("claims.dra-gpu", "classes.dra-gpu"))
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [True])
         await keeping.run_once()
         assert fake.calls() == [
@@ -221,7 +198,7 @@ async def test_the_leader_creates_the_secret_and_sets_every_ca_bundle(tmp_path: 
 async def test_a_standby_only_reads_and_copies_the_secret(tmp_path: Path) -> None:
     fake = FakeApi()
     fake.store(VWC, configuration("claims.dra-gpu"))
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [False])
         await keeping.run_once()  # no Secret yet: nothing to copy, nothing created
         assert fake.calls() == [("GET", SECRET)]
@@ -245,7 +222,7 @@ async def test_the_files_are_rewritten_only_when_the_secret_changes(tmp_path: Pa
     fake = FakeApi()
     first = certificates.renew(None, NAMES, NOW)
     fake.put_secret(first)
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [False])
         await keeping.run_once()
         before = inodes(tmp_path)
@@ -268,7 +245,7 @@ async def test_a_secret_whose_pair_does_not_match_is_not_copied(tmp_path: Path) 
     fake = FakeApi()
     good = certificates.renew(None, NAMES, NOW)
     fake.put_secret(dataclasses.replace(good, key=good.ca_key))
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [False])
         await keeping.run_once()
     assert files(tmp_path) == {}
@@ -280,7 +257,7 @@ async def test_a_create_that_lost_the_race_reads_the_winners_secret(tmp_path: Pa
     fake.store(VWC, configuration("claims.dra-gpu"))
     theirs = certificates.renew(None, NAMES, NOW)
     fake.before_create = lambda: fake.put_secret(theirs)
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         await make_keeper(api, tmp_path, [True]).run_once()
     assert fake.calls() == [
         ("GET", SECRET),
@@ -306,7 +283,7 @@ async def test_the_leader_renews_a_due_certificate_with_the_version_it_read(
     later = NOW + datetime.timedelta(days=250)
     # Someone else touches the Secret between our read and our update: 409, read, again.
     fake.before_replace = lambda: fake.put_secret(old)
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [True])
         keeping.clock = lambda: later
         await keeping.run_once()
@@ -325,7 +302,7 @@ async def test_a_missing_configuration_is_logged_once_and_looked_for_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeApi()
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [True])
         with caplog.at_level(logging.WARNING, logger=keeper.__name__):
             await keeping.run_once()
@@ -345,7 +322,7 @@ async def test_a_configuration_the_leader_may_not_patch_fails_the_pass_after_the
 ) -> None:
     fake = FakeApi(forbidden={("PATCH", VWC)})
     fake.store(VWC, configuration("claims.dra-gpu"))
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [True])
         with pytest.raises(kube.ApiError) as refused:
             await keeping.run_once()
@@ -359,7 +336,7 @@ async def test_run_forever_retries_failures_and_follows_the_secret(
 ) -> None:
     monkeypatch.setattr(keeper, "BACKOFF_SECONDS", (0.01,))
     fake = FakeApi(failing=3)
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, [False], period=0.02)
         task = asyncio.create_task(keeping.run_forever())
         try:
@@ -383,7 +360,7 @@ async def test_a_new_leader_acts_without_waiting_out_the_period(tmp_path: Path) 
     fake = FakeApi()
     leading = [False]
     changed = asyncio.Event()
-    async with api_server(fake) as api:
+    async with scripted_api(fake) as api:
         keeping = make_keeper(api, tmp_path, leading, leader_changed=changed, period=600)
         task = asyncio.create_task(keeping.run_forever())
         try:
