@@ -8,6 +8,7 @@ Must not: judge what it renders (the tests do).
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,15 @@ def render(*args: str) -> list[Manifest]:
     done = helm("template", "rel", str(CHART), "--namespace", "dra", *args)
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def refusal(values: Manifest, tmp_path: Path) -> str:
+    """What ``helm template`` says when it refuses ``values`` (it must refuse them)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps(values))
+    done = helm("template", "rel", str(CHART), "--values", str(bad))
+    assert done.returncode != 0, "rendered"
+    return done.stderr
 
 
 def find(docs: list[Manifest], kind: str, suffix: str = "") -> Manifest:

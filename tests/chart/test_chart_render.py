@@ -20,7 +20,7 @@ import yaml
 
 from dra_gpu import config
 from dra_gpu.devices import model, simulated
-from tests.chart.template import CHART, FULL_VALUES, container, env_of, find, helm, render
+from tests.chart.template import CHART, FULL_VALUES, container, env_of, find, helm, refusal, render
 
 
 def settings_from_env(settings_type: type[Any], env: dict[str, str]) -> Any:
@@ -300,11 +300,8 @@ def _profile(device: dict[str, Any], **node: Any) -> dict[str, Any]:
 def test_a_typo_in_the_profile_or_the_sharing_settings_fails_the_render_naming_it(
     tmp_path: Path, values: dict[str, Any], named: str
 ) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(json.dumps(values))
-    done = helm("template", "rel", str(CHART), "--values", str(bad))
-    assert done.returncode != 0
-    assert named in done.stderr, done.stderr
+    stderr = refusal(values, tmp_path)
+    assert named in stderr, stderr
 
 
 def test_every_profile_the_chart_ships_passes_its_schema() -> None:
@@ -466,11 +463,8 @@ def _nvml_sharing(entry: dict[str, Any]) -> dict[str, Any]:
 def test_bad_values_are_refused_naming_the_key(
     tmp_path: Path, values: dict[str, Any], named: str
 ) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(json.dumps(values))
-    done = helm("template", "rel", str(CHART), "--values", str(bad))
-    assert done.returncode != 0
-    assert named in done.stderr, done.stderr
+    stderr = refusal(values, tmp_path)
+    assert named in stderr, stderr
 
 
 def test_nvml_agents_run_only_on_nodes_labelled_as_gpu_nodes_unless_told_otherwise() -> None:

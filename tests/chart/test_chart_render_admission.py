@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dra_gpu import config
-from tests.chart.template import CHART, Manifest, container, env_of, find, helm, render
+from tests.chart.template import CHART, Manifest, container, env_of, find, helm, refusal, render
 
 DOWNWARD = {"metadata.namespace": "dra", "metadata.name": "pod-x"}
 KINDS = ("resourceclaims", "resourceclaimtemplates", "deviceclasses")
@@ -388,11 +388,8 @@ def _admission(values: dict[str, Any]) -> dict[str, Any]:
 def test_bad_admission_values_are_refused_naming_the_key(
     tmp_path: Path, values: dict[str, Any], named: str
 ) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(json.dumps(values))
-    done = helm("template", "rel", str(CHART), "--values", str(bad))
-    assert done.returncode != 0
-    assert named in done.stderr, done.stderr
+    stderr = refusal(values, tmp_path)
+    assert named in stderr, stderr
 
 
 def test_claims_of_the_drivers_classes_without_a_config_go_to_a_webhook_that_only_warns() -> None:
