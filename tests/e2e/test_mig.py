@@ -487,9 +487,11 @@ def test_the_chart_makes_the_agent_privileged_only_for_mig_on_nvml_nodes() -> No
 
     def agent_of(*values: str) -> tuple[dict[str, object], dict[str, str]]:
         daemonset = find(render(*(a for v in values for a in ("--set", v))), "DaemonSet")
-        return container(daemonset)["securityContext"], env_of(
-            daemonset, {"spec.nodeName": "node-01"}
-        )
+        downward = {
+            "spec.nodeName": "node-01",
+            "metadata.uid": "0a1b2c3d-0000-4000-8000-0000000000aa",
+        }
+        return container(daemonset)["securityContext"], env_of(daemonset, downward)
 
     for values in [(), ("agent.backend=nvml",), ("agent.mig.manage=true",)]:
         security, env = agent_of(*values)  # the default; nvml without MIG; simulated GPUs
