@@ -426,6 +426,13 @@ RECONCILES = Counter(
 
 for _state in ("pending", "allocated", "reserved"):
     CLAIMS.labels(_state)
+for _kind in ("resourceclaims", "resourceclaimtemplates", "deviceclasses"):
+    # Every replica's page has the admission series, webhook or not: zero until it reviews.
+    ADMISSION_WARNINGS.labels(_kind)
+    ADMISSION_UNEXPLAINED.labels(_kind)
+    ADMISSION_SECONDS.labels(_kind)
+    for _result in ADMISSION_RESULTS:
+        ADMISSION_REQUESTS.labels(_kind, _result)
 for _change in ("create", "delete"):
     TAINT_RULE_WRITES.labels(_change)
 CONTROLLER.register(CLUSTER_WIDE)
