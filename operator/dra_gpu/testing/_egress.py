@@ -236,31 +236,44 @@ async def open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
 # ---- the two roles -----------------------------------------------------------------------------
 
 
-class HostProxy:
-    """The API server's end: routes by the table at ``routes``, relays through the nodes."""
+class _Proxy:
+    """What both roles do with a connection: number it, read its ``CONNECT`` (a bad one is
+    answered), relay it (``_relay``), close it; one connection's failure never ends the proxy."""
 
-    def __init__(self, routes: Path) -> None:
-        self.routes = routes
+    def __init__(self) -> None:
         self._ids = itertools.count(1)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = next(self._ids)
         try:
-            await self._serve(conn, reader, writer)
-        except Exception:  # one connection's failure never ends the proxy
+            try:
+                target = await read_connect(reader)
+            except BadRequest as bad:
+                log.warning("#%d bad request: %s", conn, bad.status)
+                await reply(writer, bad.status)
+                return
+            await self._relay(conn, target, reader, writer)
+        except Exception:
             log.exception("#%d failed", conn)
         finally:
             writer.close()
 
-    async def _serve(
-        self, conn: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    async def _relay(
+        self, conn: int, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        try:
-            target = await read_connect(reader)
-        except BadRequest as bad:
-            log.warning("#%d bad request: %s", conn, bad.status)
-            await reply(writer, bad.status)
-            return
+        raise NotImplementedError
+
+
+class HostProxy(_Proxy):
+    """The API server's end: routes by the table at ``routes``, relays through the nodes."""
+
+    def __init__(self, routes: Path) -> None:
+        super().__init__()
+        self.routes = routes
+
+    async def _relay(
+        self, conn: int, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         try:
             nodes = read_routes(self.routes)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -306,30 +319,12 @@ class HostProxy:
         return up_reader, up_writer
 
 
-class NodeForwarder:
+class NodeForwarder(_Proxy):
     """A node's end, in its network namespace: dials the target (an IP address) itself."""
 
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = next(self._ids)
-        try:
-            await self._serve(conn, reader, writer)
-        except Exception:
-            log.exception("#%d failed", conn)
-        finally:
-            writer.close()
-
-    async def _serve(
-        self, conn: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    async def _relay(
+        self, conn: int, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        try:
-            target = await read_connect(reader)
-        except BadRequest as bad:
-            log.warning("#%d bad request: %s", conn, bad.status)
-            await reply(writer, bad.status)
-            return
         split = split_target(target)
         if split is None or not _is_ip(split[0]):
             log.warning("#%d CONNECT %s refused: not an IP address and port", conn, target)
