@@ -63,6 +63,14 @@ class AgentSettings:
     """How often the inventory is re-read and our slices checked against it."""
     kubeconfig: Path | None = None
     """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+    api_qps: float = 50.0
+    """Client-side rate limit: API requests a second once a burst is spent (watches are not
+    counted); 0: no limit. The kubelet's own defaults (kubeAPIQPS 50, burst 100): a pod start
+    costs the kubelet and the agent about as many requests, and a burst of pods (a node full
+    of claims at once: a GET per prepare the claim cache cannot answer, a status write each)
+    must not queue behind a lower limit; steady state is far lower."""
+    api_burst: int = 100
+    """Requests sent at once before ``api_qps`` applies (the kubelet's kubeAPIBurst)."""
     claim_reads: str = "watch"
     """How prepare reads a claim: ``watch`` (the copy kept by one watch of all ResourceClaims,
     when it may be used, else a GET) or ``get`` (a GET every time, no watch)."""
@@ -159,6 +167,7 @@ class AgentSettings:
     def __post_init__(self) -> None:
         if not self.node_name:
             raise ValueError("node name is required (--node-name / DRA_GPU_NODE_NAME)")
+        _check_rate_limit(self.api_qps, self.api_burst)
         if self.backend not in ("simulated", "nvml"):
             raise ValueError(f"backend {self.backend!r} is not one of: simulated, nvml")
         if self.backend == "simulated" and self.profile is None:
@@ -234,6 +243,14 @@ class ControllerSettings:
     """Explanations and metrics are recomputed at least this often, events or not."""
     kubeconfig: Path | None = None
     """Kubeconfig file; unset means ``$KUBECONFIG`` or the in-cluster service account."""
+    api_qps: float = 50.0
+    """Client-side rate limit of the controller's own API client (not Kopf's): requests a
+    second once a burst is spent (watches are not counted); 0: no limit. kube-scheduler's
+    default: one replica acts, and its writes (Events, status repairs) follow the claims that
+    changed, so a class edit that re-explains a thousand waiting claims spreads its Events over
+    20 s instead of sending them at once."""
+    api_burst: int = 100
+    """Requests sent at once before ``api_qps`` applies (kube-scheduler's default)."""
     webhook_port: int = 0
     """HTTPS listener of the admission webhook on every replica (0: no admission)."""
     webhook_cert_dir: Path | None = None
@@ -256,6 +273,7 @@ class ControllerSettings:
     """Seconds an agent may be gone before its node's devices are tainted NoSchedule."""
 
     def __post_init__(self) -> None:
+        _check_rate_limit(self.api_qps, self.api_burst)
         if self.driver_gone_seconds < 0:
             raise ValueError(
                 f"driver gone seconds must be at least 0, got {self.driver_gone_seconds}"
@@ -264,6 +282,20 @@ class ControllerSettings:
             raise ValueError(f"lease seconds must be at least 2, got {self.lease_seconds}")
         if not 0 <= self.webhook_port <= 65535:
             raise ValueError(f"webhook port must be 0-65535, got {self.webhook_port}")
+
+
+def _check_rate_limit(qps: float, burst: int) -> None:
+    """``api_qps`` at least 0 (0: no limit) and, with a limit, ``api_burst`` at least 1."""
+    if qps < 0:
+        raise ValueError(
+            f"{flag_name('api_qps')} / {env_name('api_qps')}: {qps:g} requests a second; "
+            "use 0 for no client-side limit, or a positive number"
+        )
+    if qps > 0 and burst < 1:
+        raise ValueError(
+            f"{flag_name('api_burst')} / {env_name('api_burst')}: a burst of {burst} would "
+            f"never send a request; at least 1 (with {flag_name('api_qps')} {qps:g})"
+        )
 
 
 def env_name(field: str) -> str:

@@ -144,6 +144,21 @@ def test_full_values_reach_the_settings() -> None:
     assert (time_slicing.indexes, time_slicing.sharing.mode) == ({2}, "TimeSlicing")
 
 
+def test_the_api_rate_limits_reach_both_components() -> None:
+    for values, agent_limit, controller_limit in (
+        ((), (50.0, 100), (50.0, 100)),  # the defaults: the kubelet's; kube-scheduler's
+        (("--values", str(FULL_VALUES)), (0.0, 1), (75.5, 150)),  # qps 0: no limit
+        (("--set", "agent.api.qps=5"), (5.0, 100), (50.0, 100)),  # one key: the other stays
+    ):
+        docs = render(*values)
+        agent = settings_from_env(config.AgentSettings, env_of(find(docs, "DaemonSet"), DOWNWARD))
+        controller = settings_from_env(
+            config.ControllerSettings, env_of(find(docs, "Deployment"), DOWNWARD)
+        )
+        assert (agent.api_qps, agent.api_burst) == agent_limit, values
+        assert (controller.api_qps, controller.api_burst) == controller_limit, values
+
+
 def test_nvml_sharing_reaches_the_agent_as_its_shared_gpus_setting() -> None:
     """agent.nvml.sharing is the agent's --shared-gpus, the same entries; unset, no variable."""
     assert "DRA_GPU_SHARED_GPUS" not in env_of(find(render(), "DaemonSet"), DOWNWARD)
@@ -431,6 +446,9 @@ def _nvml_sharing(entry: dict[str, Any]) -> dict[str, Any]:
     [
         ({"agent": {"bogus": 1}}, "additional properties 'bogus' not allowed"),
         ({"controller": {"replicas": "two"}}, "/controller/replicas"),
+        ({"agent": {"api": {"qps": -1}}}, "/agent/api/qps"),
+        ({"controller": {"api": {"burst": 0}}}, "/controller/api/burst"),
+        ({"controller": {"api": {"qps": "fast"}}}, "/controller/api/qps"),
         ({"agent": {"backend": "cuda"}}, "/agent/backend"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
         ({"driverName": "Not A DNS Name"}, "/driverName"),

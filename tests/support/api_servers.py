@@ -2,7 +2,10 @@
 its server sends, byte for byte (a chunked stream, a connection closed at the wrong moment,
 garbage), over plain TCP or TLS (``Pki``: the certificates of the ``pki`` fixture); and a
 real HTTP proxy (``proxying``: ``CONNECT`` tunnels, Basic proxy authentication, its own names);
-and a scripted API server (``scripted_api``: JSON answers from a test's own state)."""
+and a scripted API server (``scripted_api``: JSON answers from a test's own state, or
+``Reply``s as the real API server gives them under pressure: 429 with ``Retry-After``, 5xx,
+410 Gone, watch streams with ERROR events, cut in the middle or held open, slow answers);
+and ``FakeTime``, the clock, sleeps and jitter of a client whose waits a test only records."""
 
 from __future__ import annotations
 
@@ -11,12 +14,13 @@ import contextlib
 import dataclasses
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import parse_qsl
 
 from dra_gpu import kube
-from dra_gpu.kube import transport
+from dra_gpu.kube import backoff, throttling, transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[object]]
 """A connection's script: its reader, its writer, and which connection it is (0, 1, ...)."""
@@ -214,27 +218,229 @@ class Scripted(Protocol):
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]: ...
 
 
-def status(code: int, reason: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A request as the scripted API server got it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+
+    @property
+    def watching(self) -> bool:
+        return self.query.get("watch") == "true"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One answer as the API server gives it: a JSON body with a status and headers, or (with
+    ``events``) a watch's chunked stream of events that ends as ``end`` says."""
+
+    code: int = 200
+    body: Any = None
+    headers: tuple[str, ...] = ()
+    events: tuple[Any, ...] | None = None
+    """A watch: these events, one chunk each."""
+    end: Literal["end", "cut", "hold"] = "end"
+    """After the events: ``end`` the stream (the server's timeoutSeconds ran out), ``cut`` the
+    connection in the middle of the stream (no last chunk), or ``hold`` it open until the
+    client goes."""
+    hold: asyncio.Event | None = None
+    """A slow answer: sent only once this is set."""
+
+
+@runtime_checkable
+class Replying(Protocol):
+    """An API server scripted with ``Reply``s: every request it got, and its reply to each."""
+
+    requests: list[Request]
+
+    def reply(self, request: Request) -> Reply: ...
+
+
+class Script:
+    """Replies in the order given, by kind of request (``WATCH`` for a watch, else its method);
+    the last reply of a kind repeats. Every request is kept in ``requests``."""
+
+    def __init__(self, **replies: Sequence[Reply]) -> None:
+        self.replies = {kind: list(queue) for kind, queue in replies.items()}
+        self.requests: list[Request] = []
+
+    def reply(self, request: Request) -> Reply:
+        queue = self.replies["WATCH" if request.watching else request.method]
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    def of(self, kind: str) -> list[Request]:
+        """The requests of one kind (``WATCH``, ``GET``, ...), in order."""
+        return [r for r in self.requests if ("WATCH" if r.watching else r.method) == kind]
+
+
+def status(code: int, reason: str, message: str = "", **details: Any) -> dict[str, Any]:
     """A ``Status`` body as the API server sends it with an error code."""
-    return {"kind": "Status", "code": code, "reason": reason, "message": reason}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message or reason,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+def ok(body: Any) -> Reply:
+    return Reply(200, body)
+
+
+def listing(items: Sequence[Any], rv: str, more: str = "") -> Reply:
+    """A list (a page, when ``more`` is its ``continue`` token) at resourceVersion ``rv``."""
+    metadata: dict[str, Any] = {"resourceVersion": rv}
+    if more:
+        metadata["continue"] = more
+    return ok({"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": list(items)})
+
+
+def too_many_requests(retry_after: int | None = 1) -> Reply:
+    """429 as priority and fairness rejects a request (``Retry-After`` and
+    ``details.retryAfterSeconds``; None: a 429 without them, which no API server sends)."""
+    if retry_after is None:
+        return Reply(429, status(429, "TooManyRequests"))
+    body = status(
+        429,
+        "TooManyRequests",
+        "Too many requests, please try again later.",
+        retryAfterSeconds=retry_after,
+    )
+    return Reply(429, body, (f"Retry-After: {retry_after}",))
+
+
+def unavailable(retry_after: int | None = None, code: int = 503) -> Reply:
+    """A 5xx (503 by default), with ``Retry-After`` if given."""
+    headers = (f"Retry-After: {retry_after}",) if retry_after is not None else ()
+    return Reply(code, status(code, "ServiceUnavailable", "the server is shutting down"), headers)
+
+
+def internal_error() -> Reply:
+    return Reply(
+        500, status(500, "InternalError", "Internal error occurred: etcdserver: leader changed")
+    )
+
+
+def gone(rv: str = "1") -> Reply:
+    """410 as the API server answers a resourceVersion it no longer keeps."""
+    return Reply(410, status(410, "Expired", f"too old resource version: {rv} (100)"))
+
+
+def event(kind: str, name: str, rv: str) -> dict[str, Any]:
+    """A watch event of an object ``name`` at resourceVersion ``rv``."""
+    return {"type": kind, "object": {"metadata": {"name": name, "resourceVersion": rv}}}
+
+
+def bookmark(rv: str) -> dict[str, Any]:
+    return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rv}}}
+
+
+def error_event(code: int, reason: str, **details: Any) -> dict[str, Any]:
+    """An ERROR event: the Status the API server ends a watch with."""
+    return {"type": "ERROR", "object": status(code, reason, **details)}
+
+
+def stream(*events: Any, end: Literal["end", "cut", "hold"] = "end") -> Reply:
+    """A watch's answer: ``events``, then ``end`` (see ``Reply.end``)."""
+    return Reply(200, events=events, end=end)
+
+
+class FakeTime:
+    """Time as a test tells it: a sleep returns at once (the loop runs once meanwhile), moves
+    the clock on and is recorded; the jitter draws ``draw``. More than ``limit`` sleeps fail
+    the test: a loop that only sleeps would spin."""
+
+    def __init__(self, draw: float = 0.5, limit: int = 1000) -> None:
+        self.now = 1000.0
+        self.draw = draw
+        self.limit = limit
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        assert len(self.slept) <= self.limit, f"{len(self.slept)} sleeps: the loop spins"
+        self.now += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+    def random(self) -> float:
+        return self.draw
+
+    @property
+    def timing(self) -> backoff.Timing:
+        return backoff.Timing(clock=self.clock, sleep=self.sleep, random=self.random)
+
+
+async def _send_reply(
+    reply: Reply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bool:
+    """Write ``reply``; False when the connection is done with (cut, or held until the client
+    left)."""
+    if reply.hold is not None:
+        await reply.hold.wait()
+    if reply.events is None:
+        writer.write(
+            answer(json.dumps(reply.body).encode(), f"{reply.code} Status", *reply.headers)
+        )
+        await writer.drain()
+        return True
+    writer.write(chunked_head(f"{reply.code} OK"))
+    for item in reply.events:
+        writer.write(chunk(json.dumps(item).encode() + b"\n"))
+    await writer.drain()
+    if reply.end == "end":
+        writer.write(LAST_CHUNK)
+        await writer.drain()
+        return True
+    if reply.end == "hold":
+        await reader.read()  # until the client closes its end
+    return False
 
 
 @contextlib.asynccontextmanager
-async def scripted_api(fake: Scripted) -> AsyncIterator[kube.Kube]:
-    """A ``kube.Kube`` on a loopback server that answers every JSON request as ``fake`` does
-    (paths without their query), recording it in ``fake.requests``."""
+async def scripted_api(
+    fake: Scripted | Replying,
+    *,
+    timing: backoff.Timing = backoff.REAL,
+    limiter: throttling.TokenBucket | None = None,
+) -> AsyncIterator[kube.Kube]:
+    """A ``kube.Kube`` on a loopback server that answers every request as ``fake`` does.
+
+    A ``Scripted`` fake answers JSON requests (paths without their query), each recorded in
+    ``fake.requests`` as ``(method, path, body)``; a ``Replying`` one gets each ``Request``
+    whole (its query too), recorded in ``fake.requests``, and answers with a ``Reply``. The
+    client uses ``timing`` and ``limiter``."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             request = await read_request(reader)
             head, _blank, payload = request.partition(b"\r\n\r\n")
             method, target, _version = head.split(b"\r\n")[0].decode().split(" ")
-            path = target.partition("?")[0]
+            path, _mark, query = target.partition("?")
             body = json.loads(payload) if payload else None
+            if isinstance(fake, Replying):
+                got = Request(method, path, dict(parse_qsl(query)), body)
+                fake.requests.append(got)
+                if not await _send_reply(fake.reply(got), reader, writer):
+                    return
+                continue
             fake.requests.append((method, path, body))
             code, obj = fake.answer(method, path, body)
             writer.write(answer(json.dumps(obj).encode(), f"{code} Status"))
             await writer.drain()
 
-    async with serving(handler) as server, kube.Kube(transport.Client(server.url())) as api:
+    async with (
+        serving(handler) as server,
+        kube.Kube(transport.Client(server.url()), limiter=limiter, timing=timing) as api,
+    ):
         yield api

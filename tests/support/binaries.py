@@ -62,6 +62,24 @@ def kubebins(version: str) -> Path:
     )
 
 
+def previous_release(commit: str) -> Path:
+    """The directory of an earlier release of the project (``hack/build-previous-release.py``):
+    its tree (``tree/``, its chart at ``tree/charts/dra-gpu``) and its image renamed
+    (``dra-gpu.tar``, the name in ``images.json``), built from ``commit`` of this repository's
+    history into the cache or found there (cold: about a minute, most of it the image's
+    dependencies)."""
+    lanes.require("the build of hack/build-previous-release.py")
+    result = subprocess.run(
+        [str(ROOT / "hack" / "build-previous-release.py"), commit],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"hack/build-previous-release.py failed:\n{result.stderr[-3000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
 def pinned_kubernetes(minor: int) -> str | None:
     """The Kubernetes version of ``minor`` (36: ``v1.36.3``) that the repository pins (a
     committed wrapper module, ``hack/kubebins/<version>``), or None if it pins none."""

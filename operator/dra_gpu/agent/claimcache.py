@@ -13,8 +13,10 @@ have given in substance:
 - reserved for a pod: the API server refuses to change or remove the allocation of a claim
   that some pod has reserved, so while that holds the allocation read here is the one the
   kubelet's pod runs with;
-- the watch is live: listed and not broken since; while it relists or reconnects, every
-  prepare reads with a GET;
+- the watch is live: listed and not broken since, or watched again from where it broke (then
+  only copies made from events since count: the events missed meanwhile are replayed in
+  order, but a copy made before may be stale until its event comes); while it relists or
+  reconnects, every prepare reads with a GET;
 - not unprepared here since: after the kubelet unprepares a claim, its copies are not trusted
   until the watch shows the claim without a reservation (or without an allocation, or gone).
   A claim of a finished pod may be deallocated and allocated again, other devices, to a new
@@ -172,6 +174,14 @@ class ClaimCache:
         self.live = False
         self._next = None
 
+    def resumed(self) -> None:
+        """The watch broke and was watched again from where it was: the events missed are
+        coming, in order, but a copy they will change may be stale until then. So the copies
+        made before the break go (a prepare of one of those claims reads it with a GET), and
+        the cache is live with those the events make from now on."""
+        self._copies = {}
+        self.live = True
+
     def apply(self, kind: str, claim: kube.Body) -> None:
         """One watch event (ADDED, MODIFIED, DELETED)."""
         meta = bodies.metadata(claim)
@@ -185,9 +195,13 @@ class ClaimCache:
             self._distrusted.discard(bodies.claim_uid(claim))
 
     async def run_forever(self, api: kube.Kube) -> NoReturn:
-        """List and watch every claim, forever (``kube.Kube.watch_forever`` relists after
-        errors; ``broken`` is called when the watch breaks)."""
-        async for kind, obj in api.watch_forever(CLAIMS, on_break=self.broken, page_size=LIST_PAGE):
+        """List and watch every claim, forever (``kube.Kube.watch_forever`` watches again from
+        where it broke, or relists after ``410 Gone``; ``broken`` is called when it breaks,
+        ``resumed`` when it is watched again)."""
+        claims = api.watch_forever(
+            CLAIMS, on_break=self.broken, on_resume=self.resumed, page_size=LIST_PAGE
+        )
+        async for kind, obj in claims:
             if kind == "PAGE":
                 self.page(obj.get("items", []))
             elif kind == "SYNC":

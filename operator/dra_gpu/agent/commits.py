@@ -29,18 +29,20 @@ import dataclasses
 import fcntl
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dra_gpu.agent import checkpoint, failpoints
+from dra_gpu.kube import backoff
 from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 
-LOCK_POLL_SECONDS = (0.002, 0.05)
-"""While another agent holds the serialize lock: the first and the longest pause between tries."""
+LOCK_BACKOFF = backoff.Backoff(duration=0.002, factor=2.0, jitter=0.5, cap=0.05)
+"""While another agent holds the serialize lock, the pauses between tries: 2 ms, doubling up to
+50 ms, each up to half as long again, so that two agents waiting for each other's lock (a
+rolling update) do not poll in step."""
 
 
 @dataclasses.dataclass
@@ -148,6 +150,14 @@ class GroupCommit:
         if writing is not None and not writing.cancelled():
             writing.exception()  # reported to its waiters already; here only retrieved
 
+    def write_snapshot(self) -> None:
+        """(In a thread, holding the serialize lock, no commit under way.) Write what is
+        committed as a new snapshot now (a merge made it differ from the files)."""
+        self.drop_journal()
+        checkpoint.write_checkpoint(self.path, self._checkpoint)
+        self._seen = checkpoint.files_state(self.path)
+        self._reloaded = False
+
     def drop_journal(self) -> None:
         """Close the journal without writing anything."""
         if self._journal is not None:
@@ -214,7 +224,8 @@ class SerializeLock:
     thread blocked in ``flock`` cannot be cancelled, and would keep a stopping agent from
     exiting for as long as the other holds the lock. ``on_acquired`` runs once each time it is
     taken, before any holder goes on (the checkpoint's re-read); ``before_release`` once the
-    last holder is done, before it is let go (a write still under way finishes first)."""
+    last holder is done, before it is let go (a write still under way finishes first).
+    ``timing``: the clock, sleeps and jitter of the tries (a test's, or the real ones)."""
 
     def __init__(
         self,
@@ -222,8 +233,10 @@ class SerializeLock:
         *,
         on_acquired: Callable[[], Awaitable[None]] | None = None,
         before_release: Callable[[], Awaitable[None]] | None = None,
+        timing: backoff.Timing = backoff.REAL,
     ) -> None:
         self.path = path
+        self.timing = timing
         self.on_acquired = on_acquired
         self.before_release = before_release
         self.waited_seconds = 0.0
@@ -257,17 +270,10 @@ class SerializeLock:
         try:
             if self._fd is None:
                 self._fd = await asyncio.to_thread(self._open)
-            pause, longest = LOCK_POLL_SECONDS
-            started = time.monotonic()
-            while True:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(pause)
-                    pause = min(2 * pause, longest)
+            started = self.timing.clock()
+            await self._lock(self._fd)
             self._locked = True
-            waited = time.monotonic() - started
+            waited = self.timing.clock() - started
             if waited > 0.1:
                 log.info("waited %.1f s for another agent to let go of %s", waited, self.path)
             self.waited_seconds += waited
@@ -281,6 +287,16 @@ class SerializeLock:
             self._acquiring = None
             if self._locked and self._holders == 0:  # every waiter was cancelled meanwhile
                 self._unlock()
+
+    async def _lock(self, fd: int) -> None:
+        """Take the ``flock`` with non-blocking tries, backing off between them."""
+        pauses = LOCK_BACKOFF.delays(self.timing)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                await pauses.wait()
 
     async def _release(self) -> None:
         if self.before_release is not None:

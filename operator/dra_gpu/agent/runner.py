@@ -55,6 +55,9 @@ from dra_gpu.serving import httpserver, metrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "dra-gpu-agent"
+LEGACY_GRACE_SECONDS = 45.0
+"""After an earlier release's agent's sockets are gone: how long its writes are still merged
+(its pod's grace period, 30 s, and a margin: it folds its journal as it stops)."""
 
 
 class _Stop(Exception):
@@ -111,7 +114,12 @@ async def run_agent(settings: AgentSettings, stopping: asyncio.Event) -> None:
     loop.add_signal_handler(signal.SIGHUP, stopping.set)
     backend = make_backend(settings)
     try:
-        async with await kube.Kube.connect(settings.kubeconfig, observer=metrics.AGENT_API) as api:
+        async with await kube.Kube.connect(
+            settings.kubeconfig,
+            observer=metrics.AGENT_API,
+            qps=settings.api_qps,
+            burst=settings.api_burst,
+        ) as api:
             await _run(settings, api, backend, stopping)
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
@@ -180,8 +188,10 @@ async def _run(
         for c in state.prepared.claims.values()
     ]
     monitor.on_device_health = state.device_health
+    legacy = await _legacy_agent_answers(settings)
     async with state.serialized():  # the old pod of a rolling update may be preparing
         state.load(await load_checkpoint(settings, api))
+        state.beside_legacy(legacy)
         for line in await state.recover():
             log.info("recovery: %s", line)
     if settings.toolkit_cdi_kind:
@@ -198,6 +208,7 @@ async def _run(
             registration,
             instance,
             stopping,
+            legacy,
         )
     finally:
         # After the servers stopped: nothing prepares any more. The journal becomes a
@@ -221,6 +232,7 @@ async def _serve(
     registration: server.RegistrationStatus,
     instance: str,
     stopping: asyncio.Event,
+    legacy: bool,
 ) -> None:
     async def healthz() -> tuple[bool, str]:
         if registration.registered is False:
@@ -296,12 +308,44 @@ async def _serve(
                     tasks.create_task(memory.trim_after_bursts(), name="memory")
                     if cache is not None:
                         tasks.create_task(cache.run_forever(api), name="claim-cache")
+                    if legacy:
+                        tasks.create_task(_follow_legacy(settings, state), name="legacy-agent")
                     tasks.create_task(_stop_on(stopping), name="stop")
             except* _Stop:
                 log.info("stopping; slices stay published")
     finally:
         if sockets.taken and state.retired is None:  # found only as we stopped
             taken("another agent's sockets are where ours were")
+
+
+async def _legacy_agent_answers(settings: AgentSettings) -> bool:
+    """Whether an agent with fixed socket names (a release before per-pod sockets) serves on
+    this node: the old pod of the first rolling update from such a release."""
+    if not settings.pod_uid:  # we have those names ourselves
+        return False
+    registry = settings.kubelet_dir / "plugins_registry"
+    return await server.answers(
+        registry / f"{settings.driver_name}-reg.sock", settings.plugin_dir / "dra.sock"
+    )
+
+
+async def _follow_legacy(settings: AgentSettings, state: DeviceState) -> None:
+    """Beside an agent of a release before the serialize lock: take the lock every few
+    seconds, which reads and merges whatever it wrote (its last write is the fold of its
+    journal as it stops, after its sockets are gone), until its sockets have been gone for
+    longer than its pod's grace period."""
+    gone_since: float | None = None
+    loop = asyncio.get_running_loop()
+    while gone_since is None or loop.time() - gone_since < LEGACY_GRACE_SECONDS:
+        await asyncio.sleep(server.SOCKET_CHECK_SECONDS)
+        async with state.serialized():
+            pass
+        if gone_since is None and not await _legacy_agent_answers(settings):
+            log.info("the agent with fixed socket names is gone from this node")
+            gone_since = loop.time()
+    async with state.serialized():
+        state.beside_legacy(False)
+    log.info("no agent of an earlier release beside us any more: the checkpoint is ours")
 
 
 async def _release_stale_forever(state: DeviceState, period: float) -> NoReturn:
@@ -410,6 +454,21 @@ async def load_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint
         return rebuilt
 
 
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+async def claims_of_uids(api: kube.Kube, uids: set[str]) -> dict[str, kube.Body]:
+    """The claims of the cluster whose UID is one of ``uids``, by UID: every claim is listed,
+    a page at a time (each page its own request, with its own timeout), and only these kept."""
+    found: dict[str, kube.Body] = {}
+    async for page in api.pages(CLAIMS):
+        for claim in page.get("items") or []:
+            uid = claim.get("metadata", {}).get("uid")
+            if uid in uids:
+                found[uid] = claim
+    return found
+
+
 async def rebuild_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpoint.Checkpoint:
     """Prepared claims as far as the CDI directory and the API server can tell: a spec of ours
     whose claim still exists, allocated from this node's pool, was prepared by us."""
@@ -417,8 +476,7 @@ async def rebuild_checkpoint(settings: AgentSettings, api: kube.Kube) -> checkpo
     specs = await asyncio.to_thread(cdi.list_claim_specs, settings.cdi_dir, driver)
     if not specs:
         return checkpoint.Checkpoint()
-    listing = await api.get("/apis/resource.k8s.io/v1/resourceclaims")
-    by_uid = {c["metadata"]["uid"]: c for c in listing.get("items", [])}
+    by_uid = await claims_of_uids(api, set(specs))
     rebuilt = checkpoint.Checkpoint()
     for uid in specs:
         claim = by_uid.get(uid)

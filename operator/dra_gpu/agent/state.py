@@ -182,6 +182,9 @@ class DeviceState:
         )
         self.reloads = 0
         """How often the checkpoint was read again because another agent had written it."""
+        self._legacy_base: checkpoint.Checkpoint | None = None
+        """Beside an agent of a release before the serialize lock: what it last wrote (it
+        never reads what we write, so what it writes is this plus its own changes)."""
 
     @property
     def prepared(self) -> checkpoint.Checkpoint:
@@ -206,7 +209,13 @@ class DeviceState:
         if recorded is None:
             return
         before = self.prepared.claims
-        self._commits.reloaded(recorded)
+        if self._legacy_base is not None:
+            # Its snapshot lacks what we prepared and unprepared: ours, with its changes.
+            base, self._legacy_base = self._legacy_base, recorded
+            self._commits.reloaded(checkpoint.merged(self.prepared, base, recorded))
+            await asyncio.to_thread(self._commits.write_snapshot)
+        else:
+            self._commits.reloaded(recorded)
         self.reloads += 1
         added = len(recorded.claims.keys() - before.keys())
         removed = len(before.keys() - recorded.claims.keys())
@@ -216,6 +225,14 @@ class DeviceState:
             added,
             removed,
         )
+
+    def beside_legacy(self, present: bool) -> None:
+        """(Holding the serialize lock, right after ``load``.) Whether an agent of a release
+        before the serialize lock (fixed socket names) runs beside us: the old pod of the first
+        rolling update from such a release. It takes no lock and never reads the checkpoint
+        again, so each of its writes is merged with ours (``checkpoint.merged``) and written
+        back at once, until ``present`` is False (it is gone)."""
+        self._legacy_base = self.prepared if present else None
 
     # ---- start and stop ------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ table of the waiting claims and their missing pieces. ``-o wide`` adds each requ
 (or the message column), ``-o json|yaml`` prints ``explain.to_dict`` of each claim. The
 cluster is read once (``snapshot``) and explained by the same ``explain`` logic the controller
 runs; ``Answer.satisfied`` is whether nothing explained misses a piece (``cli``'s exit code).
+The counts and holders it prints ("and 170 more are allocated", "held by ns/a") are the
+cluster's now: the controller's Event on a claim keeps them as they were when it was posted,
+since it posts again only when the explanation's meaning changes (``meanings``).
 
 Whatever stops it is one ``ExplainError``, ``kube.ConfigError``, ``kube.Unreachable`` or
 ``kube.Refused`` whose message says what to do; ``cli`` turns each into its exit code.

@@ -4,9 +4,11 @@ Owns: which pending claims — those a pod waits for, of a class that may be our
 explanation after a batch of changes; computing those against one ``explain.World`` per pass
 (over the view's indexes and a ``Layout`` kept until a pool changes); queueing those with a
 missing piece and posting them from a task of its own (``post_forever``) through the
-``posting.Reporter``, which posts a message only when it is not what it last posted for that claim.
-The queue holds the newest explanation per claim; new waiting pods' claims go in a lane of their
-own, beside the re-posts a taken device causes.
+``posting.Reporter``, which posts an explanation only when its meaning (``meanings.Meaning``: the
+reason, the piece, what blocks) is not what it last posted for that claim. The queue holds the
+newest explanation per claim, and only one whose meaning is news: a device taken or freed makes
+every claim of its class worth working out again (its counts moved), seldom worth telling again.
+New waiting pods' claims go in a lane of their own, beside the re-posts a changed reason causes.
 
 A claim's explanation reads the claim, the pods that use it (the first waiting one's node
 constraints), its DeviceClasses, and what those classes can see of the cluster. That last part
@@ -41,13 +43,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, NoReturn
 
 from dra_gpu import cel
-from dra_gpu.controller import explain, kubelet, published, selections
+from dra_gpu.controller import explain, kubelet, meanings, published, selections
 from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.selectors import class_drivers, class_selectors
@@ -94,6 +97,11 @@ class _Done:
     waiting: list[dict[str, Any]]
     result: explain.Explanation | None
     """None: the claim's classes all belong to other drivers."""
+
+    @functools.cached_property
+    def meaning(self) -> meanings.Meaning | None:
+        """What ``result`` means (what decides whether it is posted again)."""
+        return meanings.of(self.result) if self.result is not None else None
 
 
 class Explainer:
@@ -144,9 +152,11 @@ class Explainer:
             self._node_changed(node)
 
     def restart(self) -> None:
-        """Explain every pending claim again on the next pass (this replica now leads)."""
+        """Explain every pending claim again on the next pass (this replica now leads), and
+        read what the last Event on each claim meant: another leader may have posted since."""
         self._done.clear()
         self._clean_at = None
+        self.reporter.keep_only(set())
 
     def _recount_class(self, name: str) -> None:
         self.epochs[name] += 1
@@ -341,7 +351,12 @@ class Explainer:
             self._urgent.pop(key, None)
             self._outbox.pop(key, None)
             if done.result is not None and done.result.missing:
-                (self._urgent if entry.urgent else self._outbox)[key] = done
+                assert done.meaning is not None
+                result = done.result
+                if self.reporter.is_news(done.uid, result.reason, result.message, done.meaning):
+                    (self._urgent if entry.urgent else self._outbox)[key] = done
+                elif result.reason == explain.Reason.DRIVER_NOT_READY:
+                    self._unprepared[key] = done  # told already: its all-clear is still due
             reached += 1
         left = stale[reached:]
         if left:
@@ -397,8 +412,8 @@ class Explainer:
 
     async def post_forever(self) -> NoReturn:
         """Post what ``explain_pending`` queues, as it comes, in two lanes: new waiting pods'
-        explanations never wait behind a long run of others (a device taken changes the
-        message of every claim of its class)."""
+        explanations never wait behind a long run of others (a class edited, a pool
+        republished can change the meaning of every claim of a class)."""
         async with asyncio.TaskGroup() as lanes:
             lanes.create_task(self._lane(self._urgent, URGENT_PARALLEL), name="urgent")
             lanes.create_task(self._lane(self._outbox, PARALLEL), name="others")
@@ -449,9 +464,12 @@ class Explainer:
 
     async def _post(self, done: _Done) -> None:
         assert done.result is not None
+        assert done.meaning is not None
         reason, message = done.result.reason, done.result.message
         kind = "Warning" if done.result.missing else "Normal"
-        await self.reporter.report(done.claim, done.waiting, str(reason), message, type_=kind)
+        await self.reporter.report(
+            done.claim, done.waiting, str(reason), message, meaning=done.meaning, type_=kind
+        )
         if reason == explain.Reason.DRIVER_NOT_READY:
             self._unprepared[done.key] = done
 

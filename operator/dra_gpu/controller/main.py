@@ -67,7 +67,7 @@ from dra_gpu.controller.selectors import class_selectors
 from dra_gpu.controller.tallies import Tally
 from dra_gpu.controller.timings import PodTimings
 from dra_gpu.controller.view import Changes, ClusterView
-from dra_gpu.serving import httpserver, metrics
+from dra_gpu.serving import collector, httpserver, metrics
 
 log = logging.getLogger(__name__)
 SETTLE_SECONDS = 0.2
@@ -183,6 +183,7 @@ class Controller:
         raised. ``kopf_task``: Kopf (``wiring.watching``), whose failure ends the controller."""
         try:
             async with asyncio.TaskGroup() as jobs:
+                jobs.create_task(collector.Collector(metrics.GC_PAUSES).run_forever(), name="gc")
                 jobs.create_task(self.leader.run_forever(), name="lease")
                 jobs.create_task(self.reconcile_forever(), name="passes")
                 jobs.create_task(self.explainer.post_forever(), name="explanations")
@@ -279,7 +280,12 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
     """Probes first, then wait for the API server (as the agent does: a Deployment whose API
     server is not there yet must not crash-loop), then Kopf and the jobs; on a stop, the jobs
     end, the lease is released, then Kopf stops."""
-    async with await kube.Kube.connect(settings.kubeconfig, observer=metrics.CONTROLLER_API) as api:
+    async with await kube.Kube.connect(
+        settings.kubeconfig,
+        observer=metrics.CONTROLLER_API,
+        qps=settings.api_qps,
+        burst=settings.api_burst,
+    ) as api:
         controller = Controller(settings, api)
         waiting: str | None = f"the API server at {api.server} has not answered yet"
 

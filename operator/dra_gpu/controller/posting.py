@@ -1,20 +1,26 @@
-"""Posts the controller's Events: a claim's explanation once per message, and single Warnings.
+"""Posts the controller's Events: a claim's explanation once per meaning, and single Warnings.
 
 Owns: the ``Reporter``. A claim's explanation is one Warning Event on the claim and one on each
 pod waiting for it, with the same message and the same log line (a Normal one for an
 all-clear: a claim the driver was not ready for runs). It is posted again only when its
-message changes; after a controller restart (or a new leader) the last Event already on the
-claim is read first, so an unchanged situation is not announced twice. ``warn`` posts one
-Event on any object (the class checks' Warnings on DeviceClasses).
-Must not: work out what to say (``explainer`` and ``explain`` do).
+``meanings.Meaning`` changes — the reason, the piece, what blocks — not when a count or a list
+of holders in its words moves (``meanings.is_news``); the Event keeps the words as they were
+when it was posted, and says what it meant in an annotation (``meanings.ANNOTATION``). After a
+controller restart (or a new leader) the last Event already on the claim is read first, so an
+unchanged situation is not announced twice. ``warn`` posts one Event on any object (the class
+checks' Warnings on DeviceClasses).
+Must not: work out what to say (``explainer`` and ``explain`` do) or what it means
+(``meanings``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from dra_gpu import kube
+from dra_gpu.controller import meanings
 from dra_gpu.kube import events
 from dra_gpu.resource import bodies
 from dra_gpu.serving import metrics
@@ -33,12 +39,19 @@ class Reporter:
         """Whether this replica may write now (the elector's renew deadline, read at each
         post): an Event queued by a leader that has since stopped leading is not posted."""
         self.recorder = events.Recorder(api, COMPONENT, host)
-        self._posted: dict[bodies.ClaimUID, str] = {}  # -> the message last posted
+        self._posted: dict[bodies.ClaimUID, meanings.Said] = {}  # -> what was last posted
 
     def keep_only(self, claim_uids: set[bodies.ClaimUID]) -> None:
         """Forget claims no longer pending: if one is pending again, it is explained anew."""
         for uid in set(self._posted) - claim_uids:
             del self._posted[uid]
+
+    def is_news(
+        self, claim_uid: bodies.ClaimUID, reason: str, message: str, meaning: meanings.Meaning
+    ) -> bool:
+        """Whether ``report`` may post this: False when this replica knows it would not (what
+        it last posted on the claim means the same, or says the same words)."""
+        return meanings.is_news(self._posted.get(claim_uid), reason, message, meaning)
 
     async def report(
         self,
@@ -47,23 +60,30 @@ class Reporter:
         reason: str,
         message: str,
         *,
+        meaning: meanings.Meaning,
         type_: str = "Warning",
     ) -> bool:
-        """Post ``message`` unless it is what was last posted for this claim (``type_``
-        Normal: an all-clear, e.g. the claim was prepared after all)."""
+        """Post ``message`` unless it is no news against what was last posted for this claim
+        (``meanings.is_news``; ``type_`` Normal: an all-clear, e.g. the claim was prepared after
+        all). Returns whether it posted."""
         uid = bodies.claim_uid(claim)
-        if self._posted.get(uid) == message or not self.leading():
+        if not self.leading():
             return False
-        if uid not in self._posted and await self._last_message(claim) == message:
-            self._posted[uid] = message
+        last = self._posted.get(uid)
+        if last is None:  # new to this replica: what did the last Event on the claim say?
+            last = meanings.heard(await self._last_event(claim), meaning)
+            if last is not None:
+                self._posted[uid] = last
+        if not meanings.is_news(last, reason, message, meaning):
             return False
         level = logging.WARNING if type_ == "Warning" else logging.INFO
         log.log(level, "ResourceClaim %s: %s", events.object_ref(claim)["name"], message)
-        await self.warn(claim, "ResourceClaim", reason, message, type_=type_)
+        said = meanings.event_annotations(meaning)
+        await self._post(claim, "ResourceClaim", reason, message, type_, said)
         for pod in pods:
-            await self.warn(pod, "Pod", reason, message, type_=type_)
+            await self._post(pod, "Pod", reason, message, type_, said)
         metrics.EXPLAIN_EVENTS.labels(reason).inc()
-        self._posted[uid] = message
+        self._posted[uid] = meanings.Said(reason, message, meaning)
         return True
 
     async def warn(
@@ -73,11 +93,27 @@ class Reporter:
         object)."""
         if not self.leading():
             return
-        api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
-        ref = events.object_ref({**body, "apiVersion": api_version, "kind": kind})
-        await self.recorder.post(ref, type_=type_, reason=reason, message=message)
+        await self.recorder.post(_ref(body, kind), type_=type_, reason=reason, message=message)
 
-    async def _last_message(self, claim: kube.Body) -> str | None:
+    async def _post(
+        self,
+        body: kube.Body,
+        kind: str,
+        reason: str,
+        message: str,
+        type_: str,
+        annotations: Mapping[str, str],
+    ) -> None:
+        """``warn``, with ``annotations`` on the Event."""
+        if not self.leading():
+            return
+        await self.recorder.post(
+            _ref(body, kind), type_=type_, reason=reason, message=message, annotations=annotations
+        )
+
+    async def _last_event(self, claim: kube.Body) -> dict[str, Any] | None:
+        """The last Event of ours on the claim (core/v1 shape), None when there is none or the
+        Events cannot be read."""
         meta = claim["metadata"]
         try:
             listing = await self.api.get(
@@ -88,4 +124,9 @@ class Reporter:
             return None
         ours = [e for e in listing.get("items", []) if e.get("reportingComponent") == COMPONENT]
         ours.sort(key=lambda e: e.get("eventTime") or e.get("lastTimestamp") or "")
-        return str(ours[-1].get("message")) if ours else None
+        return dict(ours[-1]) if ours else None
+
+
+def _ref(body: kube.Body, kind: str) -> dict[str, str]:
+    api_version = "v1" if kind in ("Pod", "Node") else "resource.k8s.io/v1"
+    return events.object_ref({**body, "apiVersion": api_version, "kind": kind})

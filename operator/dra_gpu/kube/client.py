@@ -6,35 +6,41 @@ streams: the node agent loads neither aiohttp nor kubernetes-asyncio, about 15 M
 every node).
 
 Owns: ``Kube`` and its verbs (``request``, ``get``, ``create``, ``replace``, ``patch``,
-``delete``; ``send`` for an answer read by its caller), its ``Authorization`` header on every
-request, telling a component's ``RequestObserver`` of every request (its verb, the answer's
-status code, how long it took: the component's metrics), and reaching the server: ``probe``
-and ``wait_until_ready`` (how a long-running component starts before its API server does),
-with ``unreachable`` and ``refused`` saying in words why it does not answer or rejects us (a
-401 is sent once more when refreshing the credentials changed them). ``Kube.watch_once`` and
-``Kube.watch_forever`` are ``watch``'s loop on this client.
+``delete``; ``send`` for an answer read by its caller; ``pages`` for a list, a page at a time),
+its ``Authorization`` header on every request, telling a component's ``RequestObserver`` of
+every request (its verb, the answer's status code, how long it took: the component's metrics),
+and reaching the server: ``probe`` and ``wait_until_ready`` (how a long-running component
+starts before its API server does), with ``unreachable`` and ``refused`` saying in words why it
+does not answer or rejects us (a 401 is sent once more when refreshing the credentials changed
+them). ``Kube.watch_once`` and ``Kube.watch_forever`` are ``watch``'s loop on this client.
+
+Under pressure it behaves as client-go's ``rest.Request`` does: every request but a watch
+first waits for the process's client-side rate limit (``throttling.TokenBucket``, ``qps`` and
+``burst`` of ``connect``: client-go's ``rest.Config.QPS``/``Burst``), and a request answered
+429 or 5xx with ``Retry-After``, or a read that got no answer, is sent again as ``retries``
+says (client-go's ``WithRetry``, at most 10 times), each retry waiting for the rate limit too.
+Time, sleeps and jitter come from ``timing`` (``backoff.Timing``), so tests never wait.
 
 Must not: find or read credentials (``Kube.connect`` takes them from ``kubeconfig``) or parse a
-kubeconfig (``auth``).
+kubeconfig (``auth``); decide which failures are retried (``retries``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import socket
 import ssl
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypedDict, Unpack
 from urllib.parse import urlencode
 
 import dra_gpu
-from dra_gpu.kube import errors, tokens, transport, watch
+from dra_gpu.kube import backoff, errors, retries, throttling, tokens, transport, watch
 
 # ``connect``'s parameter is named ``kubeconfig``: the function, not the module.
 from dra_gpu.kube.kubeconfig import load_config
@@ -71,8 +77,11 @@ class RequestObserver(Protocol):
     def __call__(self, verb: str, code: str, seconds: float) -> None: ...
 
 
-RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0)
-"""``wait_until_ready``'s back-off: the last delay repeats."""
+READY_BACKOFF = backoff.Backoff(duration=1.0, factor=2.0, jitter=0.5, cap=15.0)
+"""``wait_until_ready``'s back-off: 1 s, doubling up to 15 s, each delay up to half as long
+again (so that the replicas of a Deployment, all started at once, do not probe in step)."""
+LIST_PAGE = 500
+"""Objects per page of ``pages`` (kubectl pages by 500 too)."""
 REQUEST_TIMEOUT = transport.Timeout(connect=None, total=30.0)
 """A plain request: 30 s for all of it, connecting included."""
 
@@ -88,10 +97,17 @@ class Kube:
         namespace: str = "default",
         proxy_source: str = "",
         observer: RequestObserver | None = None,
+        *,
+        limiter: throttling.TokenBucket | None = None,
+        timing: backoff.Timing = backoff.REAL,
     ) -> None:
         self.http = http
         self.observer = observer
         """Told of every request (``RequestObserver``), when given."""
+        self.limiter = limiter
+        """The client-side rate limit every request but a watch waits for; None: no limit."""
+        self.timing = timing
+        """The clock, sleep and jitter of the retries, the rate limit and the watch loop."""
         self.authorization: tokens.Authorization = authorization or tokens.Static(None)
         self.origin = origin or "client configuration"
         """Where the server and credentials came from: ``kubeconfig FILE, context NAME``."""
@@ -110,14 +126,17 @@ class Kube:
         flag: str = "--kubeconfig",
         context: str | None = None,
         observer: RequestObserver | None = None,
+        qps: float = 0.0,
+        burst: int = 0,
     ) -> Kube:
         """From ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster service account (in a
         pod), else ``~/.kube/config``; its ``context`` (kubectl's ``--context``), else its
         current context. ``source`` says where ``kubeconfig`` came from and ``flag`` how to
         pass one (``"--kubeconfig, DRA_GPU_KUBECONFIG"``), both for the messages. Through the
         cluster's ``proxy-url``, else ``HTTPS_PROXY`` unless ``NO_PROXY`` says otherwise, as
-        kubectl; ``observer`` is told of every request. Raises ``ConfigError``; sends
-        nothing."""
+        kubectl; ``observer`` is told of every request. With ``qps`` above 0, at most that
+        many requests a second after a first ``burst`` (``throttling.TokenBucket``); 0: no
+        client-side limit. Raises ``ConfigError``; sends nothing."""
         loaded = await load_config(kubeconfig, source=source or flag, flag=flag, context=context)
         http = transport.Client(
             loaded.credentials.server,
@@ -133,6 +152,7 @@ class Kube:
             loaded.namespace,
             loaded.proxy.source if loaded.proxy else "",
             observer,
+            limiter=throttling.TokenBucket(qps, max(burst, 1)) if qps > 0 else None,
         )
 
     @property
@@ -159,53 +179,83 @@ class Kube:
         query: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
         timeouts: transport.Timeout = REQUEST_TIMEOUT,
+        max_retries: int = retries.MAX_RETRIES,
     ) -> transport.Response:
         """One request; its answer, for the caller to read and release (a watch streams it),
         or ``ApiError`` for a non-2xx status. A 401 refreshes the credentials (an ``exec``
         plugin runs again, a token file is read again) and, when that changed them, the
-        request is sent once more: the server rejected it before doing anything. The observer,
-        if any, is told of every request sent, answered or not."""
+        request is sent once more: the server rejected it before doing anything. A 429 or 5xx
+        with ``Retry-After``, or a read without an answer, is sent again after the wait
+        ``retries`` says, at most ``max_retries`` times (0: never). Every try but a watch's waits
+        for the rate limit first. The observer, if any, is told of every try, answered or
+        not."""
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         target = f"{path}?{urlencode(params)}" if params else path
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        retried = False
+        verb = verb_of(method, query)
+        refreshed = False
+        tries = 0
         while True:
-            headers = [("Accept", "application/json"), ("Content-Type", content_type)]
-            if (authorization := await self.authorization()) is not None:
-                headers.append(("Authorization", authorization))
-            started = time.monotonic()
+            if self.limiter is not None and verb != "WATCH":
+                await self.limiter.wait()
+            tries += 1
             try:
-                response = await self.http.request(
-                    method, target, headers=headers, body=data, timeouts=timeouts
+                response, authorization = await self._try(
+                    method, target, data, content_type, verb, timeouts
                 )
-            except Exception:
-                self._observe(method, query, NO_ANSWER, started)
-                raise
-            self._observe(method, query, str(response.status), started)
+            except Exception as exc:
+                wait = retries.after_error(verb, exc)
+                if wait is None or tries > max_retries:
+                    raise
+                await self._pause(method, path, wait, tries, errors.words(exc))
+                continue
             if 200 <= response.status <= 299:
                 return response
-            try:
-                text = (await response.read()).decode("utf-8", "replace")
-            finally:
-                response.release()
-            if response.status == 401 and not retried:
-                retried = True
+            failure = await _failure(method, path, response)
+            if failure.status == 401 and not refreshed:
+                refreshed = True
                 if await self.authorization.refresh(authorization):
                     log.info(
                         "%s %s: 401 Unauthorized; sent again with fresh credentials", method, path
                     )
                     continue
-            try:
-                decoded: errors.Body | str = json.loads(text)
-            except ValueError:
-                decoded = text
-            raise errors.ApiError(method, path, response.status, decoded)
+            wait = failure.retry_after
+            if wait is None or wait > retries.MAX_RETRY_AFTER or tries > max_retries:
+                raise failure
+            await self._pause(method, path, wait, tries, f"{failure.status} {failure.reason}")
 
-    def _observe(
-        self, method: str, query: Mapping[str, Any] | None, code: str, started: float
-    ) -> None:
+    async def _try(
+        self,
+        method: str,
+        target: str,
+        data: bytes | None,
+        content_type: str,
+        verb: str,
+        timeouts: transport.Timeout,
+    ) -> tuple[transport.Response, str | None]:
+        """One try: its answer's head, and the ``Authorization`` it was sent with."""
+        headers = [("Accept", "application/json"), ("Content-Type", content_type)]
+        if (authorization := await self.authorization()) is not None:
+            headers.append(("Authorization", authorization))
+        started = time.monotonic()
+        try:
+            response = await self.http.request(
+                method, target, headers=headers, body=data, timeouts=timeouts
+            )
+        except Exception:
+            self._observe(verb, NO_ANSWER, started)
+            raise
+        self._observe(verb, str(response.status), started)
+        return response, authorization
+
+    async def _pause(self, method: str, path: str, wait: float, tries: int, why: str) -> None:
+        """Before sending a request again: say so, and wait as the server asked."""
+        log.info("%s %s: %s; sending it again in %g s (retry %d)", method, path, why, wait, tries)
+        await self.timing.sleep(wait)
+
+    def _observe(self, verb: str, code: str, started: float) -> None:
         if self.observer is not None:
-            self.observer(verb_of(method, query), code, time.monotonic() - started)
+            self.observer(verb, code, time.monotonic() - started)
 
     async def request(
         self, method: str, path: str, **options: Unpack[RequestOptions]
@@ -221,6 +271,14 @@ class Kube:
 
     async def get(self, path: str, **query: Any) -> errors.Body:
         return await self.request("GET", path, query=query)
+
+    def pages(
+        self, path: str, *, page_size: int = LIST_PAGE, **query: Any
+    ) -> AsyncIterator[errors.Body]:
+        """A list, ``page_size`` objects a page (``limit`` and ``continue``), each page its own
+        request with its own timeout: one page at a time is in memory, however long the list
+        (``watch.pages``)."""
+        return watch.pages(self, path, page_size, **query)
 
     async def create(self, path: str, body: errors.Body, **query: Any) -> errors.Body:
         return await self.request("POST", path, body=body, query=query)
@@ -262,7 +320,10 @@ class Kube:
         ``Unreachable`` (no answer, TLS failure, timeout, not ready) or ``Refused`` (401)."""
         try:
             response = await self.send(
-                "GET", "/readyz", timeouts=transport.Timeout(connect=None, total=answer_within)
+                "GET",
+                "/readyz",
+                timeouts=transport.Timeout(connect=None, total=answer_within),
+                max_retries=0,  # wait_until_ready tries again, backing off
             )
             response.release()
         except errors.ApiError as exc:
@@ -278,28 +339,34 @@ class Kube:
         self,
         stopping: asyncio.Event,
         *,
-        delays: Sequence[float] = RETRY_DELAYS,
+        policy: backoff.Backoff = READY_BACKOFF,
         on_attempt: Callable[[str], None] = lambda reason: None,
     ) -> bool:
-        """Probe until the API server answers, backing off along ``delays``; one warning per
-        failed attempt, with the address and the reason, which ``on_attempt`` also gets (for
-        a readiness probe). False when ``stopping`` is set first. ``Refused`` is raised:
-        waiting does not fix auth."""
-        attempt = 0
+        """Probe until the API server answers, backing off as ``policy`` says (at least as
+        long as a ``Retry-After`` asks); one warning per failed attempt, with the address and
+        the reason, which ``on_attempt`` also gets (for a readiness probe). False when
+        ``stopping`` is set first. ``Refused`` is raised: waiting does not fix auth."""
+        delays = policy.delays(self.timing)
         while True:
-            attempt += 1
             try:
                 await self.probe()
             except errors.Unreachable as exc:
-                delay = delays[min(attempt, len(delays)) - 1]
-                log.warning("%s; attempt %d, next in %g s", exc, attempt, delay)
+                cause = exc.__cause__
+                asked = cause.retry_after if isinstance(cause, errors.ApiError) else None
+                delay = delays.next()
+                if asked is not None and asked > delay:
+                    delay, when = asked, f"{asked:g} s (its Retry-After)"
+                else:
+                    when = f"{delays.base:g} s (+{delay - delays.base:.1f} s jitter)"
+                log.warning("%s; attempt %d, next in %s", exc, delays.taken, when)
                 on_attempt(str(exc))
             else:
-                if attempt > 1:
-                    log.info("the API server at %s answers (attempt %d)", self.server, attempt)
+                if delays.taken:
+                    log.info(
+                        "the API server at %s answers (attempt %d)", self.server, delays.taken + 1
+                    )
                 return True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
+            if await _stopped_within(stopping, self.timing.sleep(delay)):
                 return False
 
     def unreachable(self, exc: BaseException, timeout: float | None = None) -> errors.Unreachable:
@@ -332,26 +399,48 @@ class Kube:
     # ---- watching ------------------------------------------------------------------------
 
     def watch_once(
-        self, path: str, resource_version: str, *, timeout_seconds: int = 300, **query: Any
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int | None = None,
+        **query: Any,
     ) -> AsyncGenerator[errors.Body, None]:
         """One watch request from ``resource_version``; yields raw watch events
-        (``watch.once``)."""
-        return watch.once(self, path, resource_version, timeout_seconds=timeout_seconds, **query)
+        (``watch.once``; without ``timeout_seconds``, a random one as client-go draws it)."""
+        return watch.once(
+            self,
+            path,
+            resource_version,
+            timeout_seconds=timeout_seconds or watch.random_timeout(self.timing),
+            **query,
+        )
 
     def watch_forever(
         self,
         path: str,
         *,
-        retry_delay: float = 1.0,
+        policy: backoff.Backoff = watch.BACKOFF,
         on_break: Callable[[], None] | None = None,
+        on_resume: Callable[[], None] | None = None,
         page_size: int | None = None,
         **query: Any,
     ) -> AsyncGenerator[tuple[str, errors.Body], None]:
         """List, then watch, forever: ``("SYNC", list_body)`` after every (re)list, then
         ``(event_type, object)``; with ``page_size``, ``("PAGE", page)`` first for each page.
-        ``on_break`` is called each time the watch breaks. See ``watch.forever``."""
+        A broken watch is watched again from its last resourceVersion, after a back-off
+        (``policy``); only a 410 Gone lists again. ``on_break`` is called each time the watch
+        breaks, ``on_resume`` when one watched again after a break is answered. See
+        ``watch.forever``."""
         return watch.forever(
-            self, path, retry_delay=retry_delay, on_break=on_break, page_size=page_size, **query
+            self,
+            path,
+            policy=policy,
+            timing=self.timing,
+            on_break=on_break,
+            on_resume=on_resume,
+            page_size=page_size,
+            **query,
         )
 
 
@@ -388,6 +477,32 @@ def _no_answer(exc: BaseException, timeout: float | None, host: str = "") -> str
     if isinstance(exc, OSError) and exc.errno:
         return os.strerror(exc.errno).lower()
     return errors.words(exc)
+
+
+async def _stopped_within(stopping: asyncio.Event, pause: Awaitable[None]) -> bool:
+    """Whether ``stopping`` is set before ``pause`` is over (which is then cut short)."""
+    stop, nap = asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(pause)
+    try:
+        await asyncio.wait({stop, nap}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        nap.cancel()
+    return stopping.is_set()
+
+
+async def _failure(method: str, path: str, response: transport.Response) -> errors.ApiError:
+    """The ``ApiError`` of a non-2xx answer (read whole, its connection released), with the
+    wait its ``Retry-After`` asks for when a retry may follow one (``retries.after_answer``)."""
+    try:
+        text = (await response.read()).decode("utf-8", "replace")
+    finally:
+        response.release()
+    try:
+        decoded: errors.Body | str = json.loads(text)
+    except ValueError:
+        decoded = text
+    wait = retries.after_answer(response.status, response.header("Retry-After"))
+    return errors.ApiError(method, path, response.status, decoded, retry_after=wait)
 
 
 def _not_ready(exc: errors.ApiError) -> str:

@@ -1,11 +1,11 @@
 """How the API client fails, each way its own exception, in words; and the JSON it speaks.
 
-Owns: ``ApiError`` (the API server answered non-2xx), ``ConfigError`` (no usable kubeconfig or
-service account: which file, from which flag or variable, how to fix it), ``Unreachable`` (the
-API server gives no usable answer: which address, why), ``Refused`` (it rejects our credentials
-or permissions), ``CONNECTION_ERRORS`` (what a request that got no answer raises), ``Body`` (a
-JSON object as the API server takes and gives it) and ``words``, an exception's message on one
-line for the messages built above it.
+Owns: ``ApiError`` (the API server answered non-2xx, and how long it asked us to wait before
+trying again), ``ConfigError`` (no usable kubeconfig or service account: which file, from which
+flag or variable, how to fix it), ``Unreachable`` (the API server gives no usable answer: which
+address, why), ``Refused`` (it rejects our credentials or permissions), ``CONNECTION_ERRORS``
+(what a request that got no answer raises), ``Body`` (a JSON object as the API server takes and
+gives it) and ``words``, an exception's message on one line for the messages built above it.
 
 Must not: send, read a file, or know where the credentials came from; the modules above build
 the messages (``client`` for ``Unreachable`` and ``Refused``, ``kubeconfig`` for
@@ -21,10 +21,20 @@ Body = dict[str, Any]
 
 
 class ApiError(Exception):
-    """The API server answered with a non-2xx status."""
+    """The API server answered with a non-2xx status (or a watch sent an ERROR event)."""
 
-    def __init__(self, method: str, path: str, status: int, body: Body | str) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        body: Body | str,
+        retry_after: float | None = None,
+    ) -> None:
         self.method, self.path, self.status, self.body = method, path, status, body
+        self.retry_after = retry_after
+        """The seconds the server asked us to wait before trying again (``Retry-After``, or a
+        Status's ``details.retryAfterSeconds``), if it said."""
         self.reason = body.get("reason", "") if isinstance(body, dict) else ""
         message = body.get("message", body) if isinstance(body, dict) else body
         super().__init__(f"{method} {path}: {status} {self.reason}: {message}")

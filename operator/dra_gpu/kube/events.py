@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from dra_gpu.kube import client
@@ -67,10 +68,16 @@ class Recorder:
     host: str
 
     async def post(
-        self, regarding: dict[str, str], *, type_: str, reason: str, message: str
+        self,
+        regarding: dict[str, str],
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
-        """Post one Event; a failure to post is logged, never raised (the log line still says
-        it)."""
+        """Post one Event (with ``annotations`` on it, if any); a failure to post is logged,
+        never raised (the log line still says it)."""
         body = event_body(
             regarding,
             type_=type_,
@@ -79,6 +86,8 @@ class Recorder:
             component=self.component,
             host=self.host,
         )
+        if annotations:
+            body["metadata"]["annotations"] = dict(annotations)
         try:
             namespace = body["metadata"]["namespace"]
             await self.api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)

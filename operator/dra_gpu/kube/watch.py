@@ -1,10 +1,34 @@
 """List, then watch: the one loop every long-running component follows the API server with.
 
 Owns: ``once`` (one watch request from a resourceVersion, its events as they stream in),
-``forever`` (list, then watch, again and again: it relists after ``410 Gone``, reconnects after
-network errors and API server restarts, and never returns) and the paging of a list (``limit``
-and ``continue``), so that one page at a time is in memory. ``Kube.watch_once`` and
+``forever`` (list, then watch, again and again; it never returns) and the paging of a list
+(``limit`` and ``continue``), so that one page at a time is in memory. ``Kube.watch_once`` and
 ``Kube.watch_forever`` are these, on the client.
+
+``forever`` under pressure, as client-go's reflector does it (``tools/cache/reflector.go``:
+``Reflector.watch``, ``handleWatch``, ``isWatchErrorRetriable``, ``defaultMinWatchTimeout``
+and the ``defaultBackoff*`` values) and as DESIGN.md's fleet rules ask:
+
+- Each watch asks the server to end it after a random ``timeoutSeconds`` in [5, 10) minutes
+  (``random_timeout``: the reflector's ``minWatchTimeout * (1 + rand)``), so that the watches
+  of a fleet started together neither end nor come back together. A watch the server ends so
+  is sent again at once, from its last resourceVersion (bookmarks keep that recent).
+- A watch that breaks (its request answered 429 or 5xx, an ERROR event other than 410, the
+  stream cut in the middle, the connection refused or timed out, or a watch that ended within
+  a second without a single event: the reflector's "very short watch") is sent again **from
+  its last resourceVersion**, after a back-off: 0.8 s, doubling up to 30 s, each delay up to
+  as long again, reset once no delay was needed for 2 minutes (``BACKOFF``, ``BACKOFF_RESET``:
+  the reflector's), and at least what the server asked for (``Retry-After``, or an ERROR
+  event's ``details.retryAfterSeconds``). The reflector lists again after some of these (an
+  ERROR event other than 429, a very short watch); we do not: a server that still has the
+  resourceVersion replays everything after it, and one that no longer has it says 410.
+- Only ``410 Gone`` (the request's status, or an ERROR event with code 410: the resourceVersion
+  is older than the server keeps) lists again, after the same back-off: a fleet told 410 at
+  once (an API server restart) does not list at once.
+- A list that fails is tried again after the back-off; a paged one starts over from its first
+  page (a ``continue`` token expires with the resourceVersion it holds).
+- Below this loop each request already retried what ``retries`` says (a 429 or 5xx with
+  ``Retry-After``); what reaches the loop is what those retries did not fix.
 
 Must not: build requests or read credentials (``Api``, the client, sends them), or know which
 objects are watched.
@@ -12,15 +36,25 @@ objects are watched.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
-from dra_gpu.kube import errors, transport
+from dra_gpu.kube import backoff, errors, retries, transport
 
 log = logging.getLogger(__name__)
+
+MIN_WATCH_TIMEOUT: Final = 300
+"""Seconds: a watch's ``timeoutSeconds`` is drawn from [this, twice this) (client-go's
+``defaultMinWatchTimeout``, 5 min)."""
+BACKOFF: Final = backoff.Backoff(duration=0.8, factor=2.0, jitter=1.0, cap=30.0)
+"""Between a broken watch (or a failed list) and the next try: client-go's reflector's."""
+BACKOFF_RESET: Final = 120.0
+"""Seconds without a delay after which the back-off starts again from its first delay."""
+SHORT_WATCH: Final = 1.0
+"""A watch that ends within this many seconds without an event broke (client-go's)."""
 
 
 class Api(Protocol):
@@ -38,10 +72,22 @@ class Api(Protocol):
     ) -> transport.Response: ...
 
 
+def random_timeout(timing: backoff.Timing = backoff.REAL) -> int:
+    """A watch's ``timeoutSeconds``, random in [5, 10) minutes, as the reflector draws it."""
+    return int(MIN_WATCH_TIMEOUT * (1.0 + timing.random()))
+
+
 async def once(
-    api: Api, path: str, resource_version: str, *, timeout_seconds: int = 300, **query: Any
+    api: Api,
+    path: str,
+    resource_version: str,
+    *,
+    timeout_seconds: int,
+    on_open: Callable[[], None] | None = None,
+    **query: Any,
 ) -> AsyncGenerator[errors.Body, None]:
-    """One watch request from ``resource_version``; yields raw watch events."""
+    """One watch request from ``resource_version``; yields raw watch events. ``on_open`` is
+    called once the server accepted it (its answer's head came, 200)."""
     response = await api.send(
         "GET",
         path,
@@ -55,6 +101,8 @@ async def once(
         timeouts=transport.Timeout(connect=10, total=None, read=timeout_seconds + 30),
     )
     try:
+        if on_open is not None:
+            on_open()
         async for line in response.lines():
             if line.strip():
                 yield json.loads(line)
@@ -66,21 +114,27 @@ async def forever(
     api: Api,
     path: str,
     *,
-    retry_delay: float = 1.0,
+    policy: backoff.Backoff = BACKOFF,
+    timing: backoff.Timing = backoff.REAL,
     on_break: Callable[[], None] | None = None,
+    on_resume: Callable[[], None] | None = None,
     page_size: int | None = None,
     **query: Any,
 ) -> AsyncGenerator[tuple[str, errors.Body], None]:
-    """List, then watch, forever. Yields ``("SYNC", list_body)`` after every (re)list,
-    then ``(event_type, object)`` for ADDED/MODIFIED/DELETED. Survives API restarts.
-    ``on_break`` is called each time the watch breaks, before the relist: until the next
-    ``SYNC``, events may have been missed.
+    """List, then watch, forever. Yields ``("SYNC", list_body)`` after every (re)list, then
+    ``(event_type, object)`` for ADDED/MODIFIED/DELETED. Survives API restarts: see the module.
+
+    ``on_break`` is called each time the watch breaks: from then on events may come late, and
+    when a relist follows (410), some were missed until its ``SYNC``. ``on_resume`` is called
+    when a watch sent again after a break is answered: the server took the resourceVersion,
+    nothing was missed, and the events of the gap follow in order.
 
     With ``page_size``, each (re)list comes in pages of that many objects (``limit`` and
     ``continue``), so that one page at a time is in memory, however many objects there
     are: ``("PAGE", page)`` for each, then ``("SYNC", ...)`` with no items. A list that
     fails half way (an expired ``continue``, the API server gone) starts again after
     ``on_break``."""
+    delays = policy.delays(timing, reset_after=BACKOFF_RESET)
     while True:
         listing: errors.Body = {}
         try:
@@ -90,39 +144,103 @@ async def forever(
                 else:
                     listing = {"metadata": page.get("metadata", {}), "items": []}
                     yield "PAGE", page
-        except (errors.ApiError, OSError) as exc:
+        except (errors.ApiError, OSError, ValueError) as exc:
             if page_size is not None and on_break is not None:
                 on_break()
-            log.warning("list %s failed, retrying: %s", path, exc)
-            await asyncio.sleep(retry_delay)
+            delay = max(delays.next(), _asked(exc))
+            log.warning("list %s failed (%s); listing again in %.1f s", path, _words(exc), delay)
+            await timing.sleep(delay)
             continue
         yield "SYNC", listing
-        rv = listing.get("metadata", {}).get("resourceVersion", "")
-        while True:
-            try:
-                async for event in once(api, path, rv, **query):
-                    kind = str(event.get("type", ""))
-                    obj = event.get("object", {})
+        rv = str(listing.get("metadata", {}).get("resourceVersion", ""))
+        watching = _watch_from(api, path, rv, delays, timing, on_break, on_resume, query)
+        async with contextlib.aclosing(watching) as events:
+            async for item in events:
+                yield item
+        delay = delays.next()  # 410: what we had is gone; list again, backing off
+        log.info("watch %s: resourceVersion gone (410); listing again in %.1f s", path, delay)
+        await timing.sleep(delay)
+
+
+async def _watch_from(
+    api: Api,
+    path: str,
+    rv: str,
+    delays: backoff.Delays,
+    timing: backoff.Timing,
+    on_break: Callable[[], None] | None,
+    on_resume: Callable[[], None] | None,
+    query: Mapping[str, Any],
+) -> AsyncGenerator[tuple[str, errors.Body], None]:
+    """Watch from ``rv``, again and again, each time from the last resourceVersion seen, until
+    the server says 410 (then it returns)."""
+    broken = False
+
+    def opened() -> None:
+        nonlocal broken
+        if broken:
+            broken = False
+            if on_resume is not None:
+                on_resume()
+
+    while True:
+        started, seen = timing.clock(), 0
+        timeout = random_timeout(timing)
+        try:
+            watching = once(api, path, rv, timeout_seconds=timeout, on_open=opened, **query)
+            async with contextlib.aclosing(watching) as events:
+                async for event in events:
+                    seen += 1
+                    kind, obj = str(event.get("type", "")), event.get("object") or {}
                     if kind == "ERROR":
-                        raise errors.ApiError("WATCH", path, int(obj.get("code", 500)), obj)
-                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        raise _event_error(path, obj)
+                    rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
                     if kind != "BOOKMARK":
                         yield kind, obj
-            except errors.ApiError as exc:
+            if seen or timing.clock() - started >= SHORT_WATCH:
+                continue  # the server's timeoutSeconds: watch on, from rv
+            why, asked = "it ended within a second without an event", 0.0
+        except errors.ApiError as exc:
+            if exc.status == 410:
                 if on_break is not None:
                     on_break()
-                if exc.status == 410:
-                    log.debug("watch %s expired, relisting", path)
-                else:
-                    log.warning("watch %s failed, relisting: %s", path, exc)
-                    await asyncio.sleep(retry_delay)
-                break
-            except (OSError, ValueError) as exc:
-                if on_break is not None:
-                    on_break()
-                log.warning("watch %s interrupted, relisting: %s", path, exc)
-                await asyncio.sleep(retry_delay)
-                break
+                return
+            why, asked = _words(exc), _asked(exc)
+        except (OSError, ValueError) as exc:
+            why, asked = _words(exc), 0.0
+        broken = True
+        if on_break is not None:
+            on_break()
+        delay = max(delays.next(), asked)
+        log.warning(
+            "watch %s broke (%s); watching again from resourceVersion %s in %.1f s",
+            path,
+            why,
+            rv,
+            delay,
+        )
+        await timing.sleep(delay)
+
+
+def _event_error(path: str, status: errors.Body) -> errors.ApiError:
+    """An ERROR event's Status as the ``ApiError`` it stands for."""
+    code = status.get("code", 500)
+    return errors.ApiError(
+        "WATCH",
+        path,
+        code if isinstance(code, int) else 500,
+        status,
+        retry_after=retries.status_retry_after(status),
+    )
+
+
+def _asked(exc: BaseException) -> float:
+    """The seconds the server asked to wait, if it did."""
+    return (exc.retry_after or 0.0) if isinstance(exc, errors.ApiError) else 0.0
+
+
+def _words(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, errors.ApiError) else errors.words(exc)
 
 
 async def pages(

@@ -413,6 +413,14 @@ ADMISSION_SECONDS = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=CONTROLLER,
 )
+GC_PAUSES = Histogram(
+    "dra_gpu_gc_pause_seconds",
+    "Time the event loop stood still for each run of Python's cyclic garbage collector, by "
+    "generation (2: a full collection; serving.collector keeps those short).",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    registry=CONTROLLER,
+)
 LEADER = Gauge(
     "dra_gpu_controller_leader",
     "1 on the controller replica that holds the lease.",

@@ -317,6 +317,25 @@ class RealNode(StartStop):
         self._write_json(spec_file, spec)
         self.restart_kubelet()
 
+    def import_image(self, archive: Path) -> None:
+        """Import the OCI ``archive`` into the running node's containerd (``k8s.io``), as the
+        node's start does for the runtime's images: for an image only some tests need."""
+        if not self.running:
+            raise ControlPlaneError(f"{self} is not running")
+        ctr = self.runtime.containerd_bin / "ctr"
+        # The node's /run is ``root / "run"``; relative, the socket's path stays short.
+        socket = CONTAINERD_SOCKET.relative_to("/")
+        done = subprocess.run(
+            [str(ctr), "--address", str(socket), "-n", "k8s.io", "images", "import", str(archive)],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ControlPlaneError(f"{self}: importing {archive} failed: {done.stderr.strip()}")
+
     @property
     def running(self) -> bool:
         return self._unshare is not None and self._unshare.poll() is None

@@ -111,6 +111,17 @@ def test_nothing_is_used_before_the_list_or_after_the_watch_broke_until_the_next
     assert cache.lookup(REF) is not None
 
 
+def test_a_watch_resumed_after_a_break_uses_only_copies_its_events_make() -> None:
+    cache = live(claim(), claim(uid="u2", name="d", device="gpu-1"))
+    cache.broken()
+    assert cache.lookup(REF) is None
+    cache.resumed()  # watched again from where it broke: the missed events are coming
+    assert cache.lookup(REF) is None  # made before the break: may be stale, read with a GET
+    cache.apply("MODIFIED", claim(rv="7", device="gpu-3"))  # a missed event, replayed
+    assert devices(cache.lookup(REF)) == ["gpu-3"]
+    assert cache.lookup(ClaimRef("ns", "d", ClaimUID("u2"))) is None
+
+
 def test_watch_events_add_change_and_remove_copies() -> None:
     cache = live()
     assert cache.lookup(REF) is None

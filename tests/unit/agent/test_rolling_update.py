@@ -292,6 +292,72 @@ async def test_calls_of_the_two_agents_at_once_lose_no_record(tmp_path: Path) ->
     assert set(checkpoint.read_checkpoint(tmp_path / "checkpoint.json").claims) == kept
 
 
+# ---- beside an agent of a release before the lock -------------------------------------------
+
+
+def test_a_merge_applies_what_the_other_writer_changed_since_what_it_last_knew() -> None:
+    def claim(uid: str, name: str) -> checkpoint.PreparedClaim:
+        return checkpoint.PreparedClaim(uid, "ns", name, ())
+
+    a, b, c, d = (claim(uid, uid) for uid in "abcd")
+    base = checkpoint.Checkpoint({"a": a, "b": b})
+    ours = checkpoint.Checkpoint({"a": a, "b": b, "c": c})  # we prepared c
+    theirs = checkpoint.Checkpoint({"b": claim("b", "b2"), "d": d})  # a gone, b changed, d
+    merged = checkpoint.merged(ours, base, theirs)
+    assert merged.claims == {"b": claim("b", "b2"), "c": c, "d": d}
+    assert checkpoint.merged(ours, theirs, theirs) == ours  # it changed nothing since
+
+
+async def test_beside_an_agent_that_takes_no_lock_its_fold_keeps_what_we_prepared(
+    tmp_path: Path,
+) -> None:
+    """The first rollout from a release before the serialize lock: the old pod never reads the
+    checkpoint again and, as it stops, folds its memory over the files."""
+    api = ClaimsApi()
+    file = tmp_path / "checkpoint.json"
+    backend = simulated.SimulatedBackend(simulated.parse_profile(PROFILE), NODE)
+    legacy = rig.device_state(tmp_path, backend, api)  # no lock: as those agents were
+    legacy.load(checkpoint.read_checkpoint(file))
+    kept, released = gpu(api, "kept", "gpu-0"), gpu(api, "released", "gpu-1")
+    assert isinstance((await legacy.prepare_all([kept, released]))[kept.uid], Prepared)
+
+    new = rig.device_state(tmp_path, backend, api, serialize_lock=tmp_path / "serialize.lock")
+    new.load(checkpoint.read_checkpoint(file))
+    new.beside_legacy(True)
+    ours, late = gpu(api, "ours", "gpu-2"), gpu(api, "late", "gpu-3")
+    assert isinstance((await new.prepare_all([ours]))[ours.uid], Prepared)
+    assert (await new.unprepare_all([released]))[released.uid] is None  # the kubelet's, to us
+    # A call the old pod was answering as the new one registered; then it stops.
+    assert isinstance((await legacy.prepare_all([late]))[late.uid], Prepared)
+    await legacy.aclose()
+    assert set(checkpoint.read_checkpoint(file).claims) == {kept.uid, released.uid, late.uid}
+
+    async with new.serialized():  # the new pod's next call, or its check every few seconds
+        assert set(new.prepared.claims) == {kept.uid, ours.uid, late.uid}
+    # Written back at once, for a reader of the snapshot alone too.
+    assert set(checkpoint.load(file.read_bytes()).claims) == {kept.uid, ours.uid, late.uid}
+    new.beside_legacy(False)
+    await new.aclose()
+    assert set(checkpoint.read_checkpoint(file).claims) == {kept.uid, ours.uid, late.uid}
+
+
+async def test_without_the_merge_the_old_fold_would_lose_our_claims(tmp_path: Path) -> None:
+    """The same stop, with the new pod not told: what the merge is for."""
+    api = ClaimsApi()
+    file = tmp_path / "checkpoint.json"
+    backend = simulated.SimulatedBackend(simulated.parse_profile(PROFILE), NODE)
+    legacy = rig.device_state(tmp_path, backend, api)
+    legacy.load(checkpoint.read_checkpoint(file))
+    new = rig.device_state(tmp_path, backend, api, serialize_lock=tmp_path / "serialize.lock")
+    new.load(checkpoint.read_checkpoint(file))
+    ours, theirs = gpu(api, "ours", "gpu-2"), gpu(api, "theirs", "gpu-3")
+    assert isinstance((await new.prepare_all([ours]))[ours.uid], Prepared)
+    assert isinstance((await legacy.prepare_all([theirs]))[theirs.uid], Prepared)
+    await legacy.aclose()
+    async with new.serialized():
+        assert set(new.prepared.claims) == {theirs.uid}
+
+
 # ---- the pool, handed over ---------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from dra_gpu import cel
-from dra_gpu.controller import claimed, explain, partitions, published
+from dra_gpu.controller import claimed, explain, meanings, partitions, published
 from dra_gpu.controller.explainer import Explainer
 from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
@@ -631,6 +631,8 @@ class Cluster:
                 claim, self.explainer.world(), classes=classes, pod=waiting[0]
             )
             assert detailed == expected, key
+            # What decides a re-post: the same whether the devices are written out or not.
+            assert meanings.of(got) == meanings.of(expected), key
             for request in expected.requests:
                 for verdict in {d.verdict for d in request.devices}:
                     note(f"a device explained as {verdict}")

@@ -21,6 +21,7 @@ from dra_gpu import kube
 from dra_gpu.kube import auth, tokens, transport
 from tests.support.api_servers import (
     LAST_CHUNK,
+    FakeTime,
     Pki,
     Server,
     answer,
@@ -237,9 +238,10 @@ async def test_watch_forever_relists_after_410_and_says_the_watch_broke() -> Non
             writer.write(LAST_CHUNK)
 
     breaks: list[str] = []
+    time = FakeTime()
     async with (
         serving(handler) as server,
-        kube.Kube(transport.Client(server.url())) as api,
+        kube.Kube(transport.Client(server.url()), timing=time.timing) as api,
     ):
         seen = []
         stream = api.watch_forever("/api/v1/pods", on_break=lambda: breaks.append("broke"))
@@ -250,6 +252,7 @@ async def test_watch_forever_relists_after_410_and_says_the_watch_broke() -> Non
         await stream.aclose()
     assert seen == [("SYNC", ""), ("ADDED", "a"), ("SYNC", "")]
     assert breaks == ["broke"]
+    assert time.slept == pytest.approx([1.2])  # the relist waited: 0.8 s, jitter drawn 0.5
     watch = server.requests[1].split(b"\r\n")[0].decode()
     assert "resourceVersion=5" in watch
     assert "allowWatchBookmarks=true" in watch

@@ -43,6 +43,8 @@ from dra_gpu.agent.checkpoint.records import (
     PreparedClaim,
     Put,
     RecordedDevice,
+    changes_between,
+    merged,
     record_claim,
 )
 from dra_gpu.agent.checkpoint.storage import (
@@ -65,10 +67,12 @@ __all__ = [
     "PreparedClaim",
     "Put",
     "RecordedDevice",
+    "changes_between",
     "dump",
     "files_state",
     "journal_path",
     "load",
+    "merged",
     "quarantine",
     "read_checkpoint",
     "record_claim",

@@ -159,3 +159,24 @@ class Delete:
 
 
 Change = Put | Delete
+
+
+def changes_between(base: Checkpoint, theirs: Checkpoint) -> list[Change]:
+    """What turns ``base`` into ``theirs``: a ``Put`` for each claim added or changed, a
+    ``Delete`` for each claim gone (in UID order)."""
+    changes: list[Change] = [
+        Put(claim) for uid, claim in sorted(theirs.claims.items()) if base.claims.get(uid) != claim
+    ]
+    changes.extend(Delete(uid) for uid in sorted(base.claims.keys() - theirs.claims.keys()))
+    return changes
+
+
+def merged(ours: Checkpoint, base: Checkpoint, theirs: Checkpoint) -> Checkpoint:
+    """``ours`` with what another writer changed from ``base`` (the checkpoint it last knew)
+    to ``theirs`` (what it wrote): a three-way merge, for a writer that never reads what we
+    write (an agent of a release before the serialize lock). A claim both changed is theirs:
+    the kubelet calls one agent at a time for a claim."""
+    result = ours
+    for change in changes_between(base, theirs):
+        result = change.apply(result)
+    return result
