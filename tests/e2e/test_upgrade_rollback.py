@@ -10,12 +10,15 @@ nodes (``rollouts.Load``), then:
 1. ``helm upgrade`` to this tree's chart and image. The new agents start beside the old ones
    (``maxSurge: 1``), which take no lock and never read the checkpoint again: each new agent
    notices its predecessor and merges what it writes, the fold of its journal as it stops
-   included (``agent/runner.py``, ``_follow_legacy``). Asserted: no failed prepare, no moment
-   without a registered plugin, both registered at once on every node.
-2. ``helm rollback`` to the previous release: its DaemonSet (``maxSurge: 0``) replaces each new
-   agent by an old one, which reads the snapshot the new one folded at its stop (the
-   checkpoint's versioning rule). Measured and printed (that release's strategy leaves each
-   node without a plugin for a moment); asserted: the DaemonSet is the previous release's.
+   included (``agent/runner.py``, ``_follow_legacy``).
+2. ``helm upgrade`` of the new release (a value changed), then ``helm rollback`` to the first
+   upgrade: both roll new agents beside new agents. Asserted for 1 and 2: no failed prepare,
+   no moment without a registered plugin, two registered at once on every node.
+3. ``helm rollback`` to the previous release: its own DaemonSet (``maxSurge: 0``) replaces each
+   new agent by an old one, which reads the snapshot the new one folded at its stop (the
+   checkpoint's versioning rule). Measured and printed — that release's strategy leaves each
+   node without a plugin for a moment, in which the kubelet's prepares fail and are retried;
+   asserted: the DaemonSet is the previous release's.
 
 Throughout: every pod ran, none restarted. At the end, once the load's pods are gone: every
 claim unprepared — nothing in any node's agent checkpoint, its CDI directory or the kubelet's
@@ -153,13 +156,34 @@ async def test_helm_upgrade_from_the_previous_release_and_rollback_lose_nothing(
         )
         strategy = (await api.get(release.daemonset))["spec"]["updateStrategy"]
         assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        again = await roll(
+            api,
+            nodes,
+            release,
+            load,
+            namespace,
+            "an upgrade of the new release (a value changed)",
+            lambda: helm(
+                *("upgrade", release.name, str(CHART), "--namespace", release.namespace),
+                *("--values", str(new_values), "--set", "agent.podAnnotations.again=yes"),
+            ),
+        )
+        back = await roll(
+            api,
+            nodes,
+            release,
+            load,
+            namespace,
+            "rollback to the first upgrade",
+            lambda: helm("rollback", release.name, "2", "--namespace", release.namespace),
+        )
         rollback = await roll(
             api,
             nodes,
             release,
             load,
             namespace,
-            "rollback to it",
+            "rollback to the previous release",
             lambda: helm("rollback", release.name, "1", "--namespace", release.namespace),
         )
         strategy = (await api.get(release.daemonset))["spec"]["updateStrategy"]
@@ -168,12 +192,13 @@ async def test_helm_upgrade_from_the_previous_release_and_rollback_lose_nothing(
         await loading
 
     print(
-        f"\n{upgrade}\n{rollback}\npods started: {load.count}, ran: {len(load.ran)}, never "
-        f"ran: {len(load.never_ran)}, restarts: {load.restarts}"
+        f"\n{upgrade}\n{again}\n{back}\n{rollback}\npods started: {load.count}, ran: "
+        f"{len(load.ran)}, never ran: {len(load.never_ran)}, restarts: {load.restarts}"
     )
-    assert upgrade.failed_prepares == []
-    assert all(gap == 0.0 for gap in upgrade.longest_gap.values()), upgrade.longest_gap
-    assert all(count == 2 for count in upgrade.most_sockets.values()), upgrade.most_sockets
+    for phase in (upgrade, again, back):  # every agent involved has per-pod sockets or merges
+        assert phase.failed_prepares == [], phase
+        assert all(gap == 0.0 for gap in phase.longest_gap.values()), phase
+        assert all(count == 2 for count in phase.most_sockets.values()), phase
     assert strategy["rollingUpdate"]["maxSurge"] == 0  # the previous release's own
     assert load.never_ran == []
     assert load.restarts == 0

@@ -291,6 +291,47 @@ def status(code: int, reason: str, message: str = "", **details: Any) -> dict[st
     return body
 
 
+Route = Sequence[Reply] | Callable[[Request], Reply]
+"""How ``Routed`` answers one kind of request to one path: replies in order (the last repeats),
+or a function of the request."""
+
+
+class Routed:
+    """Replies by kind of request (``WATCH`` for a watch, else its method) and path, as
+    ``routes`` says; a request with no route is answered 404 NotFound, as the API server answers
+    a GET of an object that is not there. Every request is kept in ``requests``."""
+
+    def __init__(self, routes: Mapping[tuple[str, str], Route]) -> None:
+        self.routes: dict[tuple[str, str], list[Reply] | Callable[[Request], Reply]] = {
+            key: route if callable(route) else list(route) for key, route in routes.items()
+        }
+        self.requests: list[Request] = []
+
+    def reply(self, request: Request) -> Reply:
+        route = self.routes.get(("WATCH" if request.watching else request.method, request.path))
+        if route is None:
+            return not_found(request.path)
+        if callable(route):
+            return route(request)
+        return route.pop(0) if len(route) > 1 else route[0]
+
+    def of(self, kind: str, path: str | None = None) -> list[Request]:
+        """The requests of one kind (``WATCH``, ``GET``, ...), to ``path`` if given, in order."""
+        return [
+            r
+            for r in self.requests
+            if ("WATCH" if r.watching else r.method) == kind and path in (None, r.path)
+        ]
+
+
+def not_found(path: str) -> Reply:
+    """404 as the API server answers a GET of an object that is not there (``path``: the
+    object's, ``.../<resource>/<name>``)."""
+    resource, name = path.rstrip("/").split("/")[-2:]
+    message = f'{resource} "{name}" not found'
+    return Reply(404, status(404, "NotFound", message, name=name, kind=resource))
+
+
 def ok(body: Any) -> Reply:
     return Reply(200, body)
 

@@ -1,60 +1,84 @@
-"""Claims allocated from this node's pool, as one watch of the API server sees them: prepare
-without a GET.
+"""Claims of the pods bound to this node, read as each pod arrives: prepare without a GET.
 
 The kubelet names a claim (namespace, name, UID) and prepare needs its allocation. Reading it
-with a GET costs a round trip to the API server on every pod start, the largest part of a
-prepare. This cache keeps, from one list-then-watch of every ResourceClaim, a small copy of
-those whose allocation holds devices of our driver from our pool: UID, whether a pod has it
-reserved, and our part of the allocation (everything else, managed fields included, is dropped
-as each event arrives). ``lookup`` answers for a claim only when its copy is one a GET would
-have given in substance:
+with a GET when the kubelet asks costs a round trip to the API server on every pod start, the
+largest part of a prepare. The kubelet asks only once the pod is bound to this node and its
+claims are allocated and reserved for it (the scheduler writes both before it binds). So this
+cache watches this node's pods (``fieldSelector=spec.nodeName=<node>``, as the kubelet does)
+and, as a pod still to start appears in that watch, reads each of its claims with one GET
+(``podclaims`` says which: named claims, and generated ones once the pod's status names them),
+at most ``READS`` at once. Of a claim with devices of our driver from our pool it keeps a small
+``Copy``: UID, the pods it is reserved for, our part of the allocation (everything else,
+managed fields included, is dropped as the answer arrives). A claim not yet allocated and
+reserved is read again on the pod's next change (MODIFIED), never polled.
+
+``lookup`` answers for a claim only when its copy is one a GET would give now, in substance:
 
 - same UID (a claim deleted and re-created under the same name is another claim);
-- reserved for a pod: the API server refuses to change or remove the allocation of a claim
-  that some pod has reserved, so while that holds the allocation read here is the one the
-  kubelet's pod runs with;
+- reserved for a pod that the watch shows active on this node (``podclaims.PodClaims.active``):
+  the API server refuses to change or remove the allocation of a claim that some pod has
+  reserved, and the resourceclaim controller takes a bound pod's reservation away only once
+  the pod has finished or is gone; so while that pod is active, the allocation read is the one
+  the kubelet's pod runs with. When the last such pod finishes, is being deleted or is gone, the
+  copy goes, and a claim that no active pod of the node uses any more is forgotten;
 - the watch is live: listed and not broken since, or watched again from where it broke (then
-  only copies made from events since count: the events missed meanwhile are replayed in
-  order, but a copy made before may be stale until its event comes); while it relists or
-  reconnects, every prepare reads with a GET;
-- not unprepared here since: after the kubelet unprepares a claim, its copies are not trusted
-  until the watch shows the claim without a reservation (or without an allocation, or gone).
-  A claim of a finished pod may be deallocated and allocated again, other devices, to a new
-  pod on this node: a lagging watch must not hand out the old devices.
+  only copies read since count: the pods' events missed meanwhile are replayed in order, but a
+  copy read before may be stale until then); while it relists or reconnects, every prepare
+  reads with a GET;
+- read after the last unprepare of the claim here: an unprepare drops the copy, and a read in
+  flight then is not kept. A claim of a finished pod may be deallocated and allocated again,
+  other devices, to a new pod on this node: its next prepare needs a GET made after the
+  unprepare.
 
-What remains is a watch that lags behind a whole unreserve, deallocate, allocate and bind of a
-claim that was never prepared here (a pod deleted between scheduling and starting): the watch
-carries the API server's events in order, milliseconds behind the scheduler's, while that chain
-takes several API round trips through other components. ``--claim-reads get`` turns the cache
-off. A miss, for whatever reason, is a GET, as without the cache (``metrics.CLAIM_READS`` counts
-both).
+A copy is as fresh as the GET that made it. What remains is a watch that lags behind the whole
+chain that gives a claim to another pod: the first pod's end (written by the kubelet), the
+controller's unreserve, a deallocate, an allocate and the bind of the second pod. A copy read
+for the first pod is used for the second only while the watch still shows the first active,
+though each of those steps is an API round trip through another component and the watch
+carries the API server's events in order, milliseconds behind. ``--claim-reads get`` turns
+the cache off (no pod watch). A miss, for whatever reason, is a GET, as without the cache
+(``metrics.CLAIM_READS`` counts both).
 
-Costs: one watch per node over every claim of the cluster (the API server's watch cache serves
-them); each event is decoded and dropped unless it is ours; a (re)list comes in pages of
-``LIST_PAGE`` claims, so that one page is decoded at a time; memory in proportion to this
-node's claims only.
+A prepare that finds the cache's GET of its claim on the wire waits for it (``read``) instead
+of sending a second one: that GET was sent after the pod was bound, when the claim was already
+allocated and reserved for it, so it reads what the prepare's own would, and it answers sooner;
+the prepare counts as a cache read. If it fails, or is not kept (an unprepare, a break), the
+prepare reads the claim itself. A read still waiting for its slot is not waited for: the
+prepare's own GET does not queue behind the cache's.
+
+Costs: one watch of this node's pods (the API server's watch cache indexes pods by node, so
+other nodes' pods cost this watch nothing), listed in pages of ``LIST_PAGE``; about one GET per
+claim per pod bound here (and again, after a relist or a resumed watch, for the pods still to
+start); no event at all for other nodes' claims or pods; memory for this node's pods that use
+claims (UID, claim names) and copies of their claims only.
 
 Owns: nothing on disk; the copies are read by ``state.DeviceState`` only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from dra_gpu import kube
+from dra_gpu.agent import podclaims
 from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.agent.podclaims import ClaimKey, NodePods
 from dra_gpu.resource import bodies
 
 log = logging.getLogger(__name__)
 
-CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+PODS = "/api/v1/pods"
 LIST_PAGE = 500
-"""Claims per page of a (re)list: every node lists every claim of the cluster, so one page at a
-time is decoded and kept only where it is ours (kubectl pages by 500 too)."""
+"""Pods per page of a (re)list of this node's pods (kubectl pages by 500 too)."""
+READS = 4
+"""Claims the cache reads at once. A node's pods start a few at a time; a burst (a node
+drained onto, a Job of many pods) queues here instead of opening as many connections and
+sending as many requests at once; prepares that miss read with slots of their own."""
 
 
 Result = tuple[tuple[str, Any], ...]
@@ -64,18 +88,24 @@ Result = tuple[tuple[str, Any], ...]
 @dataclasses.dataclass(slots=True)
 class Copy:
     """What is kept of a claim: enough for prepare (``claims.check_identity``,
-    ``claims.allocated_devices``, ``bodies.allocation_configs``). A node keeps a copy of each
-    of its claims, so a copy is a few hundred bytes, not the decoded claim's tree of dicts:
-    tuples, with the names that repeat from claim to claim interned."""
+    ``claims.allocated_devices``, ``bodies.allocation_configs``) and to know how long it holds.
+    A node keeps a copy of each claim its pods are to prepare, so a copy is a few hundred
+    bytes, not the decoded claim's tree of dicts: tuples, with the names that repeat from
+    claim to claim interned."""
 
     uid: bodies.ClaimUID
     namespace: str
     name: str
-    reserved: bool
+    holders: tuple[str, ...]
+    """UIDs of the pods it is reserved for (``status.reservedFor``)."""
     results: tuple[Result, ...]
     """Our driver's results."""
     config: tuple[Any, ...]
     """The allocation's configs, as decoded."""
+
+    @property
+    def reserved(self) -> bool:
+        return bool(self.holders)
 
     def body(self) -> kube.Body:
         """The claim as a GET would give prepare what it reads."""
@@ -92,6 +122,16 @@ class Copy:
         }
 
 
+def holders(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """UIDs of the pods the claim is reserved for."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return tuple(
+        str(r["uid"])
+        for r in reserved
+        if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")
+    )
+
+
 def ours(claim: Mapping[str, Any], driver: str, pool: str) -> Copy | None:
     """The claim's ``Copy`` if its allocation holds a device of ``driver`` from ``pool``."""
     results = tuple(
@@ -106,107 +146,234 @@ def ours(claim: Mapping[str, Any], driver: str, pool: str) -> Copy | None:
         uid=bodies.claim_uid(claim),
         namespace=sys.intern(str(meta.get("namespace", ""))),
         name=str(meta.get("name", "")),
-        reserved=bodies.reserved(claim),
+        holders=holders(claim),
         results=results,
         config=tuple(bodies.allocation_configs(claim)),
     )
 
 
-class ClaimCache:
-    """The copies, by namespace and name, and whether they may be used now."""
+@dataclasses.dataclass(eq=False)
+class Reading:
+    """One read of a claim by the cache: queued for a slot, then sent, then done."""
 
-    def __init__(self, driver: str, pool: str) -> None:
-        self.driver, self.pool = driver, pool
-        self._copies: dict[tuple[str, str], Copy] = {}
-        self._distrusted: set[bodies.ClaimUID] = set()
-        """UIDs unprepared here whose copies are not used until the claim is seen released."""
+    key: ClaimKey
+    sent: bool = False
+    """The GET is on the wire (it holds a slot)."""
+    spoiled: bool = False
+    """An unprepare of the claim, a break of the watch, or the claim's last pod gone came
+    after the read was queued: what it reads may be older than that, and is not kept."""
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class ClaimCache:
+    """The copies, by namespace and name, the pods of this node they are kept for, and whether
+    they may be used now. The methods but ``read`` and ``run_forever`` do no I/O: they say which
+    claims to read (``Reading``s, for ``run_forever`` to send) and keep what ``answered`` is
+    given."""
+
+    def __init__(self, driver: str, node: str) -> None:
+        self.driver, self.node = driver, node
+        self.pool = node
+        """Our devices' pool on this node is named after the node."""
+        self.pods = NodePods()
+        self._copies: dict[ClaimKey, Copy] = {}
+        self._elsewhere: set[ClaimKey] = set()
+        """Claims read allocated and reserved with no device of ours from our pool: not read
+        again while a pod of the node uses them (none of that changes while reserved)."""
+        self._reading: dict[ClaimKey, Reading] = {}
+        """Reads queued or on the wire, not spoiled."""
         self.live = False
-        """Listed, and the watch not broken since."""
-        self._next: dict[tuple[str, str], Copy] | None = None
-        """The copies of a (re)list under way."""
-        self._still_distrusted: set[bodies.ClaimUID] = set()
-        """UIDs distrusted whose claims the list under way shows still reserved."""
+        """Listed, and the watch not broken since (or watched again from where it broke)."""
+        self._next: NodePods | None = None
+        """The pods of a (re)list under way."""
+        self._slots = asyncio.Semaphore(READS)
 
     def __len__(self) -> int:
         return len(self._copies)
 
+    # ---- what prepare asks ---------------------------------------------------------------
+
     def lookup(self, ref: ClaimRef) -> kube.Body | None:
         """The claim as prepare needs it, or None: read it with a GET."""
-        copy = self._copies.get((ref.namespace, ref.name)) if self.live else None
-        usable = (
-            copy is not None
-            and copy.reserved
-            and copy.uid == ref.uid
-            and ref.uid not in self._distrusted
-        )
-        return copy.body() if usable and copy is not None else None
+        copy = self._copies.get(ClaimKey(ref.namespace, ref.name)) if self.live else None
+        if copy is None or copy.uid != ref.uid or not self._held(copy):
+            return None
+        return copy.body()
 
-    def unprepared(self, uid: bodies.ClaimUID) -> None:
-        """The kubelet unprepared this claim: distrust its copies until it is released."""
-        self._distrusted.add(uid)
-        if self._next is not None:  # a list under way may have passed the claim already
-            self._still_distrusted.add(uid)
+    async def read(self, ref: ClaimRef) -> kube.Body | None:
+        """``lookup``, or, while the cache's GET of the claim is on the wire, what it brings
+        (see the module: it was sent after the pod was bound); None: read it with a GET."""
+        found = self.lookup(ref)
+        reading = self._reading.get(ClaimKey(ref.namespace, ref.name))
+        if found is not None or not self.live or reading is None or not reading.sent:
+            return found
+        await reading.done.wait()
+        return self.lookup(ref)
 
-    def page(self, items: list[kube.Body]) -> None:
-        """One page of a (re)list: its claims become copies once the list is complete."""
+    def unprepared(self, ref: ClaimRef) -> None:
+        """The kubelet unprepared this claim: its copy goes, and a read of it in flight is not
+        kept. Its next use needs a GET sent after now."""
+        self._forget([ClaimKey(ref.namespace, ref.name)])
+
+    # ---- what the pod watch says ---------------------------------------------------------
+
+    def page(self, items: Sequence[kube.Body]) -> None:
+        """One page of a (re)list of the node's pods: they count once the list is complete."""
         if self._next is None:
-            self._next, self._still_distrusted = {}, set()
-        for claim in items:
-            copy = ours(claim, self.driver, self.pool)
-            if copy is not None:
-                self._next[(copy.namespace, copy.name)] = copy
-            uid = bodies.claim_uid(claim)
-            if copy is not None and copy.reserved and uid in self._distrusted:
-                self._still_distrusted.add(uid)  # not released yet
-            else:
-                self._still_distrusted.discard(uid)
+            self._next = NodePods()
+        for pod in items:
+            self._next.put(podclaims.pod_claims(pod))
 
-    def synced(self) -> None:
-        """The (re)list is complete: the copies are what it said, and the cache is live. A
-        claim unprepared here that the list no longer has was released meanwhile."""
-        self._copies, self._next = self._next or {}, None
-        self._distrusted, self._still_distrusted = self._still_distrusted, set()
+    def synced(self) -> list[Reading]:
+        """The (re)list is complete: the pods are what it said, the cache is live, and nothing
+        read before it counts. The claims to read: those of the pods still to start."""
+        self.pods, self._next = self._next or NodePods(), None
+        self._forget(self._kept())
         self.live = True
+        return self._to_read(self.pods.starting())
 
     def broken(self) -> None:
-        """The watch broke (or a list failed half way): nothing is used until the next
-        complete list."""
+        """The watch broke (or a list failed half way): nothing is used until the next complete
+        list or a watch resumed, and nothing read before counts then."""
         self.live = False
         self._next = None
+        self._forget(self._kept())
 
-    def resumed(self) -> None:
+    def resumed(self) -> list[Reading]:
         """The watch broke and was watched again from where it was: the events missed are
-        coming, in order, but a copy they will change may be stale until then. So the copies
-        made before the break go (a prepare of one of those claims reads it with a GET), and
-        the cache is live with those the events make from now on."""
-        self._copies = {}
+        coming, in order. The copies read before the break went with it; the cache is live with
+        what is read from now on: the claims of the pods still to start, as far as the pods
+        known say (the events to come may add some)."""
         self.live = True
+        return self._to_read(self.pods.starting())
 
-    def apply(self, kind: str, claim: kube.Body) -> None:
-        """One watch event (ADDED, MODIFIED, DELETED)."""
-        meta = bodies.metadata(claim)
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        copy = None if kind == "DELETED" else ours(claim, self.driver, self.pool)
-        if copy is None:
+    def apply(self, kind: str, pod: kube.Body) -> list[Reading]:
+        """One watch event (ADDED, MODIFIED, DELETED) of a pod of this node; the claims to read
+        now: the pod's, if it is still to start and they are not read yet (a claim read before
+        it was allocated and reserved is read again), and those whose copy went with it that
+        another pod still to start uses."""
+        seen = podclaims.pod_claims(pod)
+        was_active = seen.uid in self.pods
+        dropped = self.pods.remove(seen.uid) if kind == "DELETED" else self.pods.put(seen)
+        if was_active and seen.uid not in self.pods:  # its reservations may go any moment
+            dropped |= {key for key, copy in self._copies.items() if not self._held(copy)}
+        self._forget(dropped)
+        wanted = dropped if kind == "DELETED" else dropped | seen.claims
+        return self._to_read(wanted)
+
+    def answered(self, reading: Reading, claim: kube.Body | None) -> None:
+        """What a read brought (None: it failed, or the claim is not there yet): a copy of the
+        claim, if it is ours and reserved for an active pod of the node. Anything else is
+        read again on a pod's next change."""
+        if self._reading.get(reading.key) is reading:
+            del self._reading[reading.key]
+        if reading.spoiled or claim is None or not self.live or not self.pods.used(reading.key):
+            return
+        copy = ours(claim, self.driver, self.pool)
+        if copy is not None:
+            if self._held(copy):
+                self._copies[reading.key] = copy
+        elif bodies.allocation(claim) is not None and any(u in self.pods for u in holders(claim)):
+            self._elsewhere.add(reading.key)
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _held(self, copy: Copy) -> bool:
+        """Whether a pod the claim is reserved for is active on this node."""
+        return any(uid in self.pods for uid in copy.holders)
+
+    def _kept(self) -> set[ClaimKey]:
+        """Every claim the cache has something of: a copy, a mark, a read."""
+        return set(self._copies) | self._elsewhere | set(self._reading)
+
+    def _forget(self, keys: Iterable[ClaimKey]) -> None:
+        for key in keys:
             self._copies.pop(key, None)
-        elif copy != self._copies.get(key):  # most events change nothing kept (status.devices)
-            self._copies[key] = copy
-        if copy is None or not copy.reserved:
-            self._distrusted.discard(bodies.claim_uid(claim))
+            self._elsewhere.discard(key)
+            reading = self._reading.pop(key, None)
+            if reading is not None:
+                reading.spoiled = True
+
+    def _to_read(self, keys: Iterable[ClaimKey]) -> list[Reading]:
+        """Reads of those of ``keys`` that a pod still to start uses and that are not read yet
+        (nor being read)."""
+        if not self.live:
+            return []
+        readings = []
+        for key in sorted(keys):
+            known = key in self._copies or key in self._elsewhere or key in self._reading
+            if known or not self.pods.starting_use(key):
+                continue
+            reading = self._reading[key] = Reading(key)
+            readings.append(reading)
+        return readings
+
+    # ---- I/O -----------------------------------------------------------------------------
 
     async def run_forever(self, api: kube.Kube) -> NoReturn:
-        """List and watch every claim, forever (``kube.Kube.watch_forever`` watches again from
-        where it broke, or relists after ``410 Gone``; ``broken`` is called when it breaks,
-        ``resumed`` when it is watched again)."""
-        claims = api.watch_forever(
-            CLAIMS, on_break=self.broken, on_resume=self.resumed, page_size=LIST_PAGE
-        )
-        async for kind, obj in claims:
-            if kind == "PAGE":
-                self.page(obj.get("items", []))
-            elif kind == "SYNC":
-                self.synced()
-                log.info("claim cache: %d claim(s) of node %s", len(self), self.pool)
-            else:
-                self.apply(kind, obj)
+        """List and watch this node's pods, forever, and read their claims as they say
+        (``kube.Kube.watch_forever`` watches again from where it broke, or relists after
+        ``410 Gone``; ``broken`` is called when it breaks, ``resumed`` when it is watched
+        again). The reads are tasks of this one, at most ``READS`` on the wire at once."""
+        async with asyncio.TaskGroup() as reads:
+
+            def start(readings: list[Reading]) -> None:
+                for reading in readings:
+                    key = reading.key
+                    name = f"claim-read {key.namespace}/{key.name}"
+                    reads.create_task(self._read(api, reading), name=name)
+
+            pods = api.watch_forever(
+                PODS,
+                on_break=self.broken,
+                on_resume=lambda: start(self.resumed()),
+                page_size=LIST_PAGE,
+                fieldSelector=f"spec.nodeName={self.node}",
+            )
+            async for kind, obj in pods:
+                if kind == "PAGE":
+                    self.page(obj.get("items") or [])
+                elif kind == "SYNC":
+                    readings = self.synced()
+                    log.info(
+                        "claim cache: %d pod(s) of node %s use claims; reading %d claim(s)",
+                        len(self.pods),
+                        self.node,
+                        len(readings),
+                    )
+                    start(readings)
+                else:
+                    start(self.apply(kind, obj))
         raise AssertionError("watch_forever never ends")
+
+    async def _read(self, api: kube.Kube, reading: Reading) -> None:
+        try:
+            async with self._slots:
+                if reading.spoiled:
+                    return
+                reading.sent = True
+                claim = await _get(api, reading.key)
+            self.answered(reading, claim)
+        finally:
+            if self._reading.get(reading.key) is reading:  # cancelled: not answered
+                del self._reading[reading.key]
+            reading.done.set()
+
+
+async def _get(api: kube.Kube, key: ClaimKey) -> kube.Body | None:
+    """The claim, or None (said in the log) where it cannot be read now: a prepare reads it
+    itself."""
+    path = ClaimRef(key.namespace, key.name, bodies.ClaimUID("")).path  # the UID is not in it
+    try:
+        return await api.get(path)
+    except kube.ApiError as exc:
+        if exc.not_found:
+            log.info("claim cache: ResourceClaim %s/%s is not there yet", *key)
+            return None
+        why = str(exc)
+    except (OSError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    log.warning(
+        "claim cache: cannot read ResourceClaim %s/%s now (its prepare will): %s", *key, why
+    )
+    return None

@@ -11,11 +11,13 @@
 3. Long-lived tasks in one TaskGroup: slice publisher (from the moment the kubelet accepts
    the registration, so no pod is ever scheduled onto devices nobody can prepare), device
    health (faults -> taints, Events, the kubelet's health stream), status writer, health and
-   metrics listeners, a watch on the registration status, a keeper of the socket files
-   (another agent of the same driver may replace them, see ``server``) and a watch on the
-   other agents' registrations (the publisher takes the pool back at once when the agent it
-   handed the pool over to is gone). A crash in one stops the agent instead of leaving it half
-   alive; Kubernetes restarts it and the checkpoint carries the state.
+   metrics listeners, the claim cache (a watch of this node's pods, whose claims it reads as
+   they are bound here; none with ``--claim-reads get``), a watch on the registration status,
+   a keeper of the socket files (another agent of the same driver may replace them, see
+   ``server``) and a watch on the other agents' registrations (the publisher takes the pool
+   back at once when the agent it handed the pool over to is gone). A crash in one stops the
+   agent instead of leaving it half alive; Kubernetes restarts it and the checkpoint carries
+   the state.
 
 SIGTERM, SIGINT and SIGHUP all stop it the same way: the calls being answered finish, the
 registration socket goes, then the DRA socket; the journal is folded into the snapshot (under

@@ -1,7 +1,7 @@
 """Prepared claims on this node: prepare and unprepare, the one entry the gRPC servicers call.
 
-Prepare reads the claim (from the watch's copy, ``claimcache``, when it may be used; else with a
-GET), takes our driver's devices from its allocation, applies the opaque
+Prepare reads the claim (from the copy read as its pod was bound here, ``claimcache``, when it
+may be used; else with a GET), takes our driver's devices from its allocation, applies the opaque
 configuration (class configs, then claim configs), writes the claim's CDI spec and then records
 the claim in the checkpoint before answering; unprepare undoes both. Both are idempotent: a
 recorded claim is answered from the checkpoint (its spec written again if a reboot emptied the
@@ -464,7 +464,7 @@ class DeviceState:
             raise ClaimError(f"ResourceClaim {ref}: {exc}") from None
 
     async def _read_claim(self, ref: ClaimRef) -> kube.Body:
-        cached = self._cache.lookup(ref) if self._cache is not None else None
+        cached = await self._cache.read(ref) if self._cache is not None else None
         metrics.CLAIM_READS.labels("api" if cached is None else "cache").inc()
         if cached is not None:
             return cached
@@ -528,7 +528,7 @@ class DeviceState:
 
     async def _unprepare(self, ref: ClaimRef) -> None:
         if self._cache is not None:
-            self._cache.unprepared(ref.uid)
+            self._cache.unprepared(ref)
         self._check_not_retired(ref)
         delete_spec = functools.partial(self._delete_spec_blocking, ref.uid)
         recorded = self.prepared.claims.get(ref.uid)

@@ -320,14 +320,16 @@ class RealNode(StartStop):
     def import_image(self, archive: Path) -> None:
         """Import the OCI ``archive`` into the running node's containerd (``k8s.io``), as the
         node's start does for the runtime's images: for an image only some tests need."""
-        if not self.running:
+        first = _only_child(self._unshare.pid) if self._unshare else None
+        if first is None:
             raise ControlPlaneError(f"{self} is not running")
         ctr = self.runtime.containerd_bin / "ctr"
-        # The node's /run is ``root / "run"``; relative, the socket's path stays short.
-        socket = CONTAINERD_SOCKET.relative_to("/")
-        done = subprocess.run(
-            [str(ctr), "--address", str(socket), "-n", "k8s.io", "images", "import", str(archive)],
-            cwd=self.root,
+        done = subprocess.run(  # in the node's mount namespace, where its /run is
+            [
+                *(_tool("nsenter"), f"--target={first}", "--mount", "--"),
+                *(str(ctr), "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io"),
+                *("images", "import", str(archive)),
+            ],
             capture_output=True,
             text=True,
             timeout=300,
