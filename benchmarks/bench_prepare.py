@@ -20,14 +20,15 @@ what a node keeps paying: the agent gives a burst's memory back once the burst i
 The floor is what a driver that reads each claim with a GET cannot avoid (the Go reference
 driver does): one GET of the claim plus one atomic file write, measured in this process with the
 same HTTP client, for each claim right after its prepare and unprepare (interleaved: a busy
-machine slows both alike). The agent reads a claim from its watch's copy when it may
-(``agent.claimcache``): every phase has claims of its own, allocated and reserved for a pod as
-the scheduler leaves them, and how many were read from the copy and how many with a GET is
-printed. With ``--pydra-python`` (an interpreter that has the ``kubernetes-pydra`` package;
-``make bench`` makes one) the same calls go to pydra's TPU plugin too, the only other Python DRA
-driver: it answers without reading the claim and writes its spec with a plain ``open()``, so it
-is a lower bound rather than a peer. Prints a table and ``BENCH <name> <value> <unit>`` lines;
-asserts nothing.
+machine slows both alike). The agent reads a claim from the copy its claim cache read as the
+claim's pod was bound to its node (``agent.claimcache``), when it may: every phase has claims of
+its own, allocated, reserved for a pod and the pod bound as the scheduler leaves them (to a Node
+with no kubelet, the agent's: ``GPU_NODE``), and how many were read from the copy and how many
+with a GET is printed. With ``--pydra-python`` (an interpreter that has the ``kubernetes-pydra``
+package; ``make bench`` makes one) the same calls go to pydra's TPU plugin too, the only other
+Python DRA driver: it answers without reading the claim and writes its spec with a plain
+``open()``, so it is a lower bound rather than a peer. Prints a table and ``BENCH <name> <value>
+<unit>`` lines; asserts nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ from dra_gpu.proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_gpu.testing import AgentProcess, ControlPlane, NodeRuntime, RealNode, eventually
 
 NODE = "bench-node"
+"""The real node: its kubelet registers the agent (whose socket the benchmark calls)."""
+GPU_NODE = "bench-gpus"
+"""The agent's node name and pool: a Node with no kubelet, to which the claims' pods are bound
+(so the agent's claim cache reads their claims as it would on a node whose kubelet is about to
+prepare them) and where they stay Pending (nothing runs them)."""
 DRIVER = "gpu.example.com"
 DEVICES = 128
 
@@ -149,21 +155,24 @@ async def make_claim(api: kube.Kube, base: str, namespace: str, i: int) -> v1.Cl
                     {
                         "request": "gpu",
                         "driver": DRIVER,
-                        "pool": NODE,
+                        "pool": GPU_NODE,
                         "device": f"gpu-{i % DEVICES}",
                     }
                 ]
             }
         }
     }
-    # Reserved for its pod, as the scheduler leaves every claim that the kubelet prepares. The
-    # pod never runs (a scheduling gate holds it) and stays, so Kubernetes keeps the reservation.
+    # Reserved for its pod, then the pod bound to the agent's node, as the scheduler does for
+    # every claim the kubelet prepares (a scheduler of its own name: no other binds it). No
+    # kubelet runs it there, and it tolerates the node's taints (not ready): it stays, and
+    # Kubernetes keeps the reservation.
     pod = await api.create(
         f"/api/v1/namespaces/{namespace}/pods",
         {
             "metadata": {"name": f"bench-{i}"},
             "spec": {
-                "schedulingGates": [{"name": "example.com/bench"}],
+                "schedulerName": "dra-gpu-bench",
+                "tolerations": [{"operator": "Exists"}],
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": f"bench-{i}"}],
                 "containers": [
                     {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
@@ -175,6 +184,9 @@ async def make_claim(api: kube.Kube, base: str, namespace: str, i: int) -> v1.Cl
         {"resource": "pods", "name": f"bench-{i}", "uid": pod["metadata"]["uid"]}
     ]
     await api.replace(f"{base}/bench-{i}/status", created)
+    pods = f"/api/v1/namespaces/{namespace}/pods/bench-{i}"
+    binding = {"target": {"apiVersion": "v1", "kind": "Node", "name": GPU_NODE}}
+    await api.create(f"{pods}/binding", {"metadata": {"name": f"bench-{i}"}, **binding})
     return v1.Claim(namespace=namespace, name=f"bench-{i}", uid=created["metadata"]["uid"])
 
 
@@ -301,10 +313,19 @@ async def run(
 ) -> None:
     profile = work / "profile.yaml"
     profile.write_text(
-        f"nodes:\n  {NODE}:\n    devices:\n    - count: {DEVICES}\n      memory: 80Gi\n"
+        f"nodes:\n  {GPU_NODE}:\n    devices:\n    - count: {DEVICES}\n      memory: 80Gi\n"
     )
     async with await kube.Kube.connect(cp.kubeconfig) as api:
-        agent = AgentProcess.on(node, cp.kubeconfig, work / "agent", profile=profile)
+        labels = {"kubernetes.io/hostname": GPU_NODE}
+        await api.create("/api/v1/nodes", {"metadata": {"name": GPU_NODE, "labels": labels}})
+        agent = AgentProcess(
+            GPU_NODE,
+            cp.kubeconfig,
+            node.kubelet_dir,
+            work / "agent",
+            cdi=node.cdi_dir,
+            profile=profile,
+        )
         await agent.astart()
         assert agent.pid is not None
         try:

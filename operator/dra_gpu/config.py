@@ -72,8 +72,9 @@ class AgentSettings:
     api_burst: int = 100
     """Requests sent at once before ``api_qps`` applies (the kubelet's kubeAPIBurst)."""
     claim_reads: str = "watch"
-    """How prepare reads a claim: ``watch`` (the copy kept by one watch of all ResourceClaims,
-    when it may be used, else a GET) or ``get`` (a GET every time, no watch)."""
+    """How prepare reads a claim: ``watch`` (the copy read as the claim's pod was bound to this
+    node, seen by one watch of the node's pods, when it may be used, else a GET) or ``get`` (a
+    GET every time, no watch)."""
     faults_file: Path | None = None
     """The simulated backend's faults file: the faults its GPUs have now (format in docs/agent.md);
     a missing file means none."""

@@ -147,7 +147,14 @@ class Load:
                 self.restarts += sum(
                     c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", [])
                 )
-            await self.api.delete(path)
+            for attempt in range(5):  # the API server under load: etcd may time out (500)
+                try:
+                    await self.api.delete(path)
+                    break
+                except kube.ApiError as exc:
+                    if exc.status < 500 or attempt == 4:
+                        raise
+                    await asyncio.sleep(1)
             done += 1
 
     async def _running(self, path: str) -> kube.Body | None:

@@ -479,6 +479,8 @@ async def test_agent_has_exactly_the_access_the_code_needs(
         ("list", "resource.k8s.io", "resourceclaims", None, ""),
         ("patch", "resource.k8s.io", "resourceclaims", "default", "status"),
         ("create", "events.k8s.io", "events", "default", ""),
+        ("list", "", "pods", None, ""),  # its node's (the claim cache's field selector)
+        ("watch", "", "pods", None, ""),
     ]
     denied = [
         ("get", "", "secrets", release.namespace, ""),
@@ -486,7 +488,8 @@ async def test_agent_has_exactly_the_access_the_code_needs(
         ("list", "", "nodes", None, ""),
         ("update", "resource.k8s.io", "resourceclaims", "default", ""),
         ("create", "resource.k8s.io", "deviceclasses", None, ""),
-        ("list", "", "pods", None, ""),
+        ("get", "", "pods", "default", ""),
+        ("patch", "", "pods", "default", ""),
     ]
     for attributes in allowed:
         assert await can(agent, *attributes), f"agent cannot {attributes}"

@@ -163,6 +163,7 @@ class Reading:
     """An unprepare of the claim, a break of the watch, or the claim's last pod gone came
     after the read was queued: what it reads may be older than that, and is not kept."""
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set once the read is over, whatever it brought (or if it was never sent)."""
 
 
 class ClaimCache:
@@ -177,9 +178,9 @@ class ClaimCache:
         """Our devices' pool on this node is named after the node."""
         self.pods = NodePods()
         self._copies: dict[ClaimKey, Copy] = {}
-        self._elsewhere: set[ClaimKey] = set()
-        """Claims read allocated and reserved with no device of ours from our pool: not read
-        again while a pod of the node uses them (none of that changes while reserved)."""
+        self._elsewhere: dict[ClaimKey, tuple[str, ...]] = {}
+        """Claims read allocated with no device of ours from our pool, and the pods they are
+        reserved for: not read again while one of those is active here (the allocation stays)."""
         self._reading: dict[ClaimKey, Reading] = {}
         """Reads queued or on the wire, not spoiled."""
         self.live = False
@@ -190,6 +191,11 @@ class ClaimCache:
 
     def __len__(self) -> int:
         return len(self._copies)
+
+    @property
+    def reading(self) -> int:
+        """Reads queued or on the wire."""
+        return len(self._reading)
 
     # ---- what prepare asks ---------------------------------------------------------------
 
@@ -257,6 +263,7 @@ class ClaimCache:
         dropped = self.pods.remove(seen.uid) if kind == "DELETED" else self.pods.put(seen)
         if was_active and seen.uid not in self.pods:  # its reservations may go any moment
             dropped |= {key for key, copy in self._copies.items() if not self._held(copy)}
+            dropped |= {key for key, pods in self._elsewhere.items() if not self._any_active(pods)}
         self._forget(dropped)
         wanted = dropped if kind == "DELETED" else dropped | seen.claims
         return self._to_read(wanted)
@@ -273,23 +280,26 @@ class ClaimCache:
         if copy is not None:
             if self._held(copy):
                 self._copies[reading.key] = copy
-        elif bodies.allocation(claim) is not None and any(u in self.pods for u in holders(claim)):
-            self._elsewhere.add(reading.key)
+        elif bodies.allocation(claim) is not None and self._any_active(held := holders(claim)):
+            self._elsewhere[reading.key] = held
 
     # ---- helpers -------------------------------------------------------------------------
 
     def _held(self, copy: Copy) -> bool:
         """Whether a pod the claim is reserved for is active on this node."""
-        return any(uid in self.pods for uid in copy.holders)
+        return self._any_active(copy.holders)
+
+    def _any_active(self, pods: Iterable[str]) -> bool:
+        return any(uid in self.pods for uid in pods)
 
     def _kept(self) -> set[ClaimKey]:
         """Every claim the cache has something of: a copy, a mark, a read."""
-        return set(self._copies) | self._elsewhere | set(self._reading)
+        return set(self._copies) | set(self._elsewhere) | set(self._reading)
 
     def _forget(self, keys: Iterable[ClaimKey]) -> None:
         for key in keys:
             self._copies.pop(key, None)
-            self._elsewhere.discard(key)
+            self._elsewhere.pop(key, None)
             reading = self._reading.pop(key, None)
             if reading is not None:
                 reading.spoiled = True

@@ -145,7 +145,8 @@ UNPREPARE_SECONDS = Histogram(
 )
 CLAIM_READS = Counter(
     "dra_gpu_claim_reads_total",
-    "Claims read by prepare, by source: the watch's copy (cache) or a GET (api).",
+    "Claims read by prepare, by source: the copy read as its pod was bound to the node (cache) "
+    "or a GET of its own (api).",
     ["source"],
     registry=AGENT,
 )

@@ -118,7 +118,7 @@ def keys(readings: Sequence[Reading]) -> list[ClaimKey]:
     return [r.key for r in readings]
 
 
-def answer(cache: ClaimCache, readings: Sequence[Reading], *bodies_: dict[str, Any]) -> None:
+def answer(cache: ClaimCache, readings: Sequence[Reading], *bodies_: dict[str, Any] | None) -> None:
     for reading, body in zip(readings, bodies_, strict=True):
         cache.answered(reading, body)
 
@@ -245,9 +245,17 @@ def test_a_claim_reserved_with_no_device_of_ours_is_not_read_again() -> None:
     assert len(cache) == 0
 
 
+def test_a_claim_with_no_device_of_ours_is_read_again_once_its_holder_ends() -> None:
+    cache, readings = listed(pod("pod-1", phase="Running"), pod("pod-2"))
+    answer(cache, readings, claim(driver="nic.example.com", holders=("pod-1",)))
+    assert cache.apply("MODIFIED", pod("pod-2", rv="2")) == []
+    # pod-1's reservation may go now, and the claim be allocated again, other devices
+    assert keys(cache.apply("MODIFIED", pod("pod-1", phase="Succeeded", rv="3"))) == [C]
+
+
 def test_a_failed_read_is_tried_again_on_the_pods_next_change() -> None:
     cache, readings = listed(pod())
-    answer(cache, readings, None)  # type: ignore[arg-type]
+    answer(cache, readings, None)
     assert keys(cache.apply("MODIFIED", pod(rv="2"))) == [C]
 
 
@@ -456,7 +464,7 @@ async def test_a_pod_changed_once_its_claim_is_allocated_gets_the_claim_read_aga
     cache = ClaimCache(DRIVER, NODE)
     async with running(server, cache):
         await until("the first read", lambda: server.of("GET", f"{CLAIMS_PATH}/c"))
-        await until("its answer kept nothing", lambda: not cache._reading)
+        await until("its answer, which keeps nothing", lambda: cache.reading == 0)
         assert cache.lookup(REF) is None
         allocated.set()  # the pod's next change, after its claim was allocated
         assert devices(await until("the copy", lambda: cache.lookup(REF))) == ["gpu-0"]
