@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from dra_gpu import kube
 from dra_gpu.testing import RealNode, eventually
@@ -261,3 +263,43 @@ async def failed_prepares(api: kube.Kube, namespace: str) -> dict[str, tuple[int
         for e in await helpers.events_of(api, namespace)
         if e.get("reason") == "FailedPrepareDynamicResources"
     }
+
+
+def chart_values(release: Release, nodes: list[RealNode]) -> dict[str, object]:
+    """The values the rollout tests install with: the release's driver and class, one
+    controller, ``GPUS_PER_NODE`` simulated GPUs on each node."""
+    profile = {
+        "nodes": {n.name: {"devices": [{"count": GPUS_PER_NODE, "memory": "8Gi"}]} for n in nodes}
+    }
+    return {
+        "driverName": release.driver,
+        "deviceClasses": {"default": {"name": release.device_class}},
+        "controller": {"replicas": 1},
+        "agent": {"profile": profile, "resyncSeconds": 10},
+    }
+
+
+@contextlib.asynccontextmanager
+async def installed(
+    helm: helpers.Helm,
+    api: kube.Kube,
+    nodes: list[RealNode],
+    release: Release,
+    chart: Path,
+    values: dict[str, object],
+    values_file: Path,
+) -> AsyncIterator[Release]:
+    """``release`` installed from ``chart`` with ``values``, its agents rolled out on every
+    node; uninstalled, its namespace deleted, afterwards."""
+    await asyncio.to_thread(values_file.write_text, json.dumps(values))
+    await helm(
+        *("install", release.name, str(chart), "--namespace", release.namespace),
+        *("--create-namespace", "--values", str(values_file), "--wait", "--timeout=180s"),
+    )
+    try:
+        await eventually(lambda: rolled_out(api, release, len(nodes)), timeout=120, what="agents")
+        yield release
+    finally:
+        await helm.run("uninstall", release.name, "-n", release.namespace, "--wait")
+        with contextlib.suppress(kube.ApiError):
+            await api.delete(f"/api/v1/namespaces/{release.namespace}")

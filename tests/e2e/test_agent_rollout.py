@@ -14,8 +14,6 @@ plugin to call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,14 +24,14 @@ from dra_gpu import kube
 from dra_gpu.testing import RealNode, eventually
 from tests.e2e import helpers
 from tests.e2e.rollouts import (
-    GPUS_PER_NODE,
     Load,
     Release,
     agent_uids,
+    chart_values,
+    installed,
     one_gpu_template,
     published,
     roll,
-    rolled_out,
 )
 
 CHART = helpers.REPO / "charts" / "dra-gpu"
@@ -43,32 +41,10 @@ CHART = helpers.REPO / "charts" / "dra-gpu"
 async def release(
     helm: helpers.Helm, api: kube.Kube, nodes: list[RealNode], tmp_path: Path
 ) -> AsyncIterator[Release]:
-    installed = Release(secrets.token_hex(3))
-    values = tmp_path / "values.json"
-    profile = {
-        "nodes": {n.name: {"devices": [{"count": GPUS_PER_NODE, "memory": "8Gi"}]} for n in nodes}
-    }
-    values.write_text(
-        json.dumps(
-            {
-                "driverName": installed.driver,
-                "deviceClasses": {"default": {"name": installed.device_class}},
-                "controller": {"replicas": 1},
-                "agent": {"profile": profile, "resyncSeconds": 10},
-            }
-        )
-    )
-    await helm(
-        *("install", installed.name, str(CHART), "--namespace", installed.namespace),
-        *("--create-namespace", "--values", str(values), "--wait", "--timeout=180s"),
-    )
-    try:
-        await eventually(lambda: rolled_out(api, installed, len(nodes)), timeout=120, what="agents")
-        yield installed
-    finally:
-        await helm.run("uninstall", installed.name, "-n", installed.namespace, "--wait")
-        with contextlib.suppress(kube.ApiError):
-            await api.delete(f"/api/v1/namespaces/{installed.namespace}")
+    new = Release(secrets.token_hex(3))
+    values = chart_values(new, nodes)
+    async with installed(helm, api, nodes, new, CHART, values, tmp_path / "values.json"):
+        yield new
 
 
 async def test_helm_upgrade_rolls_the_agents_with_no_failed_prepare_and_no_gap(

@@ -28,7 +28,6 @@ checkpoint.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -42,13 +41,13 @@ from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.testing import RealNode, eventually
 from tests.e2e import helpers
 from tests.e2e.rollouts import (
-    GPUS_PER_NODE,
     Load,
     Release,
+    chart_values,
+    installed,
     one_gpu_template,
     published,
     roll,
-    rolled_out,
 )
 from tests.support import binaries
 
@@ -68,18 +67,6 @@ def previous(nodes: list[RealNode]) -> tuple[Path, str]:
     return built / "tree" / "charts" / "dra-gpu", image
 
 
-def values(release: Release, nodes: list[RealNode]) -> dict[str, object]:
-    profile = {
-        "nodes": {n.name: {"devices": [{"count": GPUS_PER_NODE, "memory": "8Gi"}]} for n in nodes}
-    }
-    return {
-        "driverName": release.driver,
-        "deviceClasses": {"default": {"name": release.device_class}},
-        "controller": {"replicas": 1},
-        "agent": {"profile": profile, "resyncSeconds": 10},
-    }
-
-
 @pytest_asyncio.fixture
 async def old_release(
     helm: helpers.Helm,
@@ -89,23 +76,11 @@ async def old_release(
     tmp_path: Path,
 ) -> AsyncIterator[Release]:
     chart, image = previous
-    installed = Release(secrets.token_hex(3))
+    old = Release(secrets.token_hex(3))
     repository, tag = image.rsplit(":", 1)
-    old_values = tmp_path / "old-values.json"
-    old_values.write_text(
-        json.dumps({**values(installed, nodes), "image": {"repository": repository, "tag": tag}})
-    )
-    await helm(
-        *("install", installed.name, str(chart), "--namespace", installed.namespace),
-        *("--create-namespace", "--values", str(old_values), "--wait", "--timeout=180s"),
-    )
-    try:
-        await eventually(lambda: rolled_out(api, installed, len(nodes)), timeout=120, what="agents")
-        yield installed
-    finally:
-        await helm.run("uninstall", installed.name, "-n", installed.namespace, "--wait")
-        with contextlib.suppress(kube.ApiError):
-            await api.delete(f"/api/v1/namespaces/{installed.namespace}")
+    values = {**chart_values(old, nodes), "image": {"repository": repository, "tag": tag}}
+    async with installed(helm, api, nodes, old, chart, values, tmp_path / "old-values.json"):
+        yield old
 
 
 def left_prepared(node: RealNode, driver: str) -> list[str]:
@@ -132,7 +107,7 @@ async def test_helm_upgrade_from_the_previous_release_and_rollback_lose_nothing(
 ) -> None:
     release = old_release
     new_values = tmp_path / "new-values.json"
-    new_values.write_text(json.dumps(values(release, nodes)))
+    new_values.write_text(json.dumps(chart_values(release, nodes)))
     await one_gpu_template(api, namespace, release.device_class)
     await eventually(
         lambda: published(api, release, len(nodes)), timeout=120, what="every pool published"
