@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from dra_gpu import kube
 from dra_gpu.testing import RealNode, eventually
@@ -19,6 +20,25 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 GPUS_PER_NODE = 16
 """More than the load's pods on a node at once (``Load.KEEP`` and those not deleted yet)."""
 START_EVERY = 2.0
+OUTAGE_SECONDS = 120.0
+"""How long the load waits out an API server that does not answer (a restart, etcd timing out)."""
+OUTAGE: tuple[type[Exception], ...] = (kube.ApiError, kube.Unreachable, *kube.CONNECTION_ERRORS)
+T = TypeVar("T")
+
+
+async def answered(call: Callable[[], Awaitable[T]]) -> T:
+    """``call``'s result once the API server answers it: no answer, a 5xx or a 429 is tried
+    again every second for ``OUTAGE_SECONDS``; any other error is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OUTAGE_SECONDS
+    while True:
+        try:
+            return await call()
+        except OUTAGE as exc:
+            outage = not isinstance(exc, kube.ApiError) or exc.status >= 500 or exc.status == 429
+            if not outage or loop.time() > deadline:
+                raise
+        await asyncio.sleep(1.0)
 
 
 class Release:
@@ -112,18 +132,7 @@ class Load:
         n = 0
         while not self.stop.is_set():
             name = f"{node}-{n}"
-            await self.api.create(
-                f"/api/v1/namespaces/{self.namespace}/pods",
-                {
-                    "metadata": {"name": name, "labels": {"app": "load"}},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": node},
-                        "terminationGracePeriodSeconds": 1,
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                        "containers": [helpers.workload("main", claims=["gpu"])],
-                    },
-                },
-            )
+            await answered(functools.partial(self._create, name, node))
             self.started[node].append(name)
             n += 1
             with contextlib.suppress(TimeoutError):
@@ -149,18 +158,36 @@ class Load:
                 self.restarts += sum(
                     c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", [])
                 )
-            for attempt in range(5):  # the API server under load: etcd may time out (500)
-                try:
-                    await self.api.delete(path)
-                    break
-                except kube.ApiError as exc:
-                    if exc.status < 500 or attempt == 4:
-                        raise
-                    await asyncio.sleep(1)
+            await answered(functools.partial(self._delete, path))
             done += 1
 
+    async def _create(self, name: str, node: str) -> None:
+        try:
+            await self.api.create(
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                {
+                    "metadata": {"name": name, "labels": {"app": "load"}},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "terminationGracePeriodSeconds": 1,
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                        "containers": [helpers.workload("main", claims=["gpu"])],
+                    },
+                },
+            )
+        except kube.ApiError as exc:
+            if not exc.conflict:  # 409: an earlier try that got no answer did create it
+                raise
+
+    async def _delete(self, path: str) -> None:
+        try:
+            await self.api.delete(path)
+        except kube.ApiError as exc:
+            if not exc.not_found:  # an earlier try that got no answer did delete it
+                raise
+
     async def _running(self, path: str) -> kube.Body | None:
-        pod = await self.api.get(path)
+        pod = await answered(functools.partial(self.api.get, path))
         return pod if pod["status"].get("phase") == "Running" else None
 
 

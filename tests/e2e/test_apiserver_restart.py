@@ -1,5 +1,7 @@
 """An API server restart mid-run: the agent and the controller resume their watches on their
-own (no restart of theirs), no slice is duplicated or lost, and the cluster works on.
+own (no restart of theirs), no slice is duplicated or lost, and the cluster works on; and a
+restart in the middle of a stream of pods that claim GPUs loses none of them: every pod runs,
+no prepare fails, nothing stays prepared once they are gone.
 
 Runs on a control plane of its own with two real nodes of its own, since it stops the API
 server (the kubelets reconnect on their own too).
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
 
-from dra_gpu import kube
+from dra_gpu import DEFAULT_DRIVER_NAME, kube
+from dra_gpu.agent import cdi, checkpoint
 from dra_gpu.testing import (
     AgentProcess,
     ControllerProcess,
@@ -24,11 +28,14 @@ from dra_gpu.testing import (
     eventually,
     start_nodes,
 )
-from tests.e2e import helpers
-from tests.e2e.helpers import TUTORIAL_PROFILE, workload
+from tests.e2e import helpers, rollouts
+from tests.e2e.helpers import workload
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 NODES = ("node-01", "node-02")
+GPUS = 8
+"""On each node: more than the load keeps there at once (``rollouts.Load.KEEP`` and those
+being deleted)."""
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +44,22 @@ def own_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cont
         yield cp
 
 
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``GPUS`` simulated L4s on each node."""
+    device = {"memory": "24Gi", "productName": "NVIDIA L4", "cudaComputeCapability": "8.9"}
+    nodes = {
+        name: {"devices": [{"name": f"gpu-{i}", **device} for i in range(GPUS)]} for name in NODES
+    }
+    path = tmp_path_factory.mktemp("restart-profile") / "profile.yaml"
+    path.write_text(yaml.safe_dump({"nodes": nodes}))
+    return path
+
+
 @pytest_asyncio.fixture
 async def world(
-    own_control_plane: ControlPlane, node_runtime: NodeRuntime, short_path: Path
-) -> AsyncIterator[tuple[kube.Kube, list[AgentProcess], ControllerProcess]]:
+    own_control_plane: ControlPlane, node_runtime: NodeRuntime, short_path: Path, profile: Path
+) -> AsyncIterator[tuple[kube.Kube, list[AgentProcess], ControllerProcess, list[RealNode]]]:
     cp = own_control_plane
     nodes = [
         RealNode(cp, name, index, short_path / name, node_runtime)
@@ -54,7 +73,7 @@ async def world(
                     node,
                     cp.kubeconfig,
                     short_path / f"agent-{node.name}",
-                    profile=TUTORIAL_PROFILE,
+                    profile=profile,
                 )
                 for node in nodes
             ]
@@ -64,7 +83,7 @@ async def world(
             for process in (*agents, controller):
                 await process.astart()
             try:
-                yield api, agents, controller
+                yield api, agents, controller, nodes
             finally:
                 for process in (*agents, controller):
                     process.stop()
@@ -81,9 +100,9 @@ async def slice_names(api: kube.Kube) -> list[str]:
 
 async def test_agents_and_controller_survive_an_api_server_restart(
     own_control_plane: ControlPlane,
-    world: tuple[kube.Kube, list[AgentProcess], ControllerProcess],
+    world: tuple[kube.Kube, list[AgentProcess], ControllerProcess, list[RealNode]],
 ) -> None:
-    api, agents, controller = world
+    api, agents, controller, _ = world
     before = await eventually(lambda: _two(slice_names(api)), what="one slice per node")
     pids = [p.pid for p in (*agents, controller)]
 
@@ -139,7 +158,7 @@ async def test_agents_and_controller_survive_an_api_server_restart(
         page = controller.metrics()
         return (
             'dra_gpu_claims{state="pending"} 1.0' in page
-            and 'dra_gpu_devices{node="node-01",state="published"} 2.0' in page
+            and f'dra_gpu_devices{{node="node-01",state="published"}} {GPUS}.0' in page
         )
 
     await eventually(metrics_converged, what="controller metrics agree with the cluster again")
@@ -148,3 +167,62 @@ async def test_agents_and_controller_survive_an_api_server_restart(
 async def _two(names: Awaitable[list[str]]) -> list[str] | None:
     found = await names
     return found if len(found) == len(NODES) else None
+
+
+async def test_pods_claiming_gpus_through_an_api_server_restart_all_run_and_nothing_is_left(
+    own_control_plane: ControlPlane,
+    world: tuple[kube.Kube, list[AgentProcess], ControllerProcess, list[RealNode]],
+) -> None:
+    api, agents, _, nodes = world
+    await eventually(lambda: _two(slice_names(api)), what="one slice per node")
+    pids = [a.pid for a in agents]
+    namespace = "through-restart"
+    await api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    await eventually(
+        lambda: helpers.exists(api, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
+        what="default service account",
+    )
+    async with helpers.driver_class(api, "gpu-restart") as device_class:
+        await rollouts.one_gpu_template(api, namespace, device_class)
+        load = rollouts.Load(api, namespace, nodes)
+        running = asyncio.create_task(load.run(), name="load")
+        try:
+            # Pods starting, running and being deleted on both nodes when the server goes.
+            await eventually(lambda: len(load.ran) >= 2, timeout=120, what="the load under way")
+            await asyncio.to_thread(own_control_plane.restart_apiserver)
+            restarted_at = load.count
+            await eventually(
+                lambda: load.count >= restarted_at + 4 * len(nodes),
+                timeout=120,
+                what="pods started after the restart",
+            )
+        finally:
+            load.stop.set()
+            await running
+        failed = await rollouts.failed_prepares(api, namespace)
+
+        def nothing_left() -> bool:
+            left = [what for node in nodes for what in _left_prepared(node, agents)]
+            assert left == [], f"left prepared: {left}"
+            return True
+
+        await eventually(nothing_left, what="every claim unprepared once its pod is gone")
+    assert load.never_ran == [], f"never ran: {load.never_ran}"
+    assert load.restarts == 0
+    assert failed == {}, f"the kubelet reported failed prepares: {failed}"
+    assert [a.pid for a in agents] == pids  # the agents rode it out
+    assert len(load.ran) == load.count > restarted_at
+
+
+def _left_prepared(node: RealNode, agents: list[AgentProcess]) -> list[str]:
+    """What is still prepared on ``node``: its agent's checkpoint, CDI specs, the kubelet's."""
+    agent = next(a for a in agents if a.node == node.name)
+    left = [
+        f"{node.name} agent: {uid}"
+        for uid in checkpoint.read_checkpoint(agent.checkpoint_file).claims
+    ]
+    left += [
+        f"{node.name} CDI: {uid}" for uid in cdi.list_claim_specs(node.cdi_dir, DEFAULT_DRIVER_NAME)
+    ]
+    left += [f"{node.name} kubelet: {uid}" for uid in node.prepared_claims()]
+    return left

@@ -23,6 +23,9 @@ ever compares its wall clock with another's:
 - Writes are optimistic (``resourceVersion`` on replace; create on 404), so two replicas never
   both win one round. On a clean stop ``release`` steps down first, then empties
   ``holderIdentity``; a standby watches the Lease and takes a released one at once.
+- A standby's tries are jittered as client-go's ``acquire`` loop jitters them
+  (``wait.JitterUntil(RetryPeriod, JitterFactor=1.2)``): replicas started together do not try
+  in step. The leader renews on the beat (``wait.Until``, no jitter), as client-go does.
 
 Owns: the Lease (``try_acquire_or_renew``, ``release``), ``is_leader`` / ``leading_until`` /
 ``changed`` (what every writer checks), and ``acting`` (a scope whose body is cancelled at the
@@ -51,16 +54,20 @@ import dataclasses
 import datetime
 import logging
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 from dra_gpu import kube
+from dra_gpu.kube import backoff
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (``time.monotonic``: the event loop's clock, too)."""
+JITTER = 1.2
+"""client-go's ``JitterFactor`` for a standby's tries: each waits up to 2.2 retry periods."""
 
 
 class NotLeading(Exception):
@@ -120,6 +127,23 @@ def expired(observation: Observation, now: float, default_seconds: float) -> boo
     return observation.at + duration_of(record, default_seconds) < now
 
 
+def standby_wait(
+    retry_seconds: float,
+    observation: Observation | None,
+    now: float,
+    default_seconds: float,
+    rand: Callable[[], float],
+) -> float:
+    """How long a standby waits before its next try: ``retry_seconds`` jittered by
+    ``JITTER`` (client-go's ``acquire``), but no later than just after the observed record
+    expires (``expired``), so a lease that lapsed is taken at once."""
+    wait = backoff.jittered(retry_seconds, JITTER, rand)
+    if observation is not None and not released(observation.record):
+        expiry = observation.at + duration_of(observation.record, default_seconds)
+        wait = max(0.0, min(wait, expiry - now + 0.001))
+    return wait
+
+
 def _micro(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -139,7 +163,8 @@ class LeaderElector:
     leader keeps acting without a successful renewal (default ``renew_deadline_for``, must be
     shorter than the lease); ``renew_seconds``: how often the leader renews and a standby tries
     (default ``retry_seconds_for``, must be shorter than the deadline); ``clock``: monotonic
-    seconds (tests inject one)."""
+    seconds (tests inject one); ``rand``: uniform in [0, 1), a standby's jitter (tests
+    inject one)."""
 
     def __init__(
         self,
@@ -152,6 +177,7 @@ class LeaderElector:
         renew_deadline: float | None = None,
         renew_seconds: float | None = None,
         clock: Clock = time.monotonic,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         deadline = renew_deadline_for(lease_seconds) if renew_deadline is None else renew_deadline
         retry = retry_seconds_for(lease_seconds) if renew_seconds is None else renew_seconds
@@ -174,6 +200,7 @@ class LeaderElector:
         self.renew_deadline = deadline
         self.renew_seconds = retry
         self.clock = clock
+        self.rand = rand
         self.changed = asyncio.Event()
         """Set whenever ``is_leader`` changes (cleared by its one reader, the pass loop)."""
         self.observed: Observation | None = None
@@ -280,17 +307,15 @@ class LeaderElector:
 
     async def _pause(self) -> None:
         """Until the next try: ``renew_seconds`` (a leader: or its deadline, to say it
-        stopped); a standby also wakes when the lease it watches is released or expires."""
+        stopped); a standby's is jittered (``JITTER``), and it also wakes when the lease it
+        watches is released or expires."""
         now = self.clock()
         until = self.leading_until()
         if self.is_leader and until is not None:
             await asyncio.sleep(min(self.renew_seconds, max(0.0, until - now)))
             self._report(f"no renewal within the renew deadline of {self.renew_deadline:g} s")
             return
-        wait = self.renew_seconds
-        if self.observed is not None and not released(self.observed.record):
-            expiry = self.observed.at + duration_of(self.observed.record, self.lease_seconds)
-            wait = max(0.0, min(wait, expiry - now + 0.001))
+        wait = standby_wait(self.renew_seconds, self.observed, now, self.lease_seconds, self.rand)
         if self._seen is None:
             await asyncio.sleep(wait)
             return

@@ -109,6 +109,20 @@ def test_a_released_lease_is_free_at_once_and_a_record_without_duration_uses_our
     assert leader.expired(seen, 20.5, default_seconds=15)
 
 
+def test_a_standby_waits_a_jittered_retry_period_but_never_past_the_expiry() -> None:
+    held = {"holderIdentity": "b", "leaseDurationSeconds": 15}
+    assert leader.standby_wait(2.0, None, 0.0, 15, lambda: 0.0) == 2.0
+    assert leader.standby_wait(2.0, None, 0.0, 15, lambda: 1.0) == pytest.approx(4.4)
+    seen = Observation(held, 100.0)
+    assert leader.standby_wait(2.0, seen, 101.0, 15, lambda: 0.5) == pytest.approx(3.2)
+    # Expires at 115: the standby wakes just after it, whatever the jitter drew.
+    assert leader.standby_wait(2.0, seen, 114.0, 15, lambda: 1.0) == pytest.approx(1.001)
+    assert leader.standby_wait(2.0, seen, 120.0, 15, lambda: 1.0) == 0.0
+    # Released: no expiry to wait for, the watch wakes it on a change.
+    free = Observation({"holderIdentity": ""}, 100.0)
+    assert leader.standby_wait(2.0, free, 200.0, 15, lambda: 0.0) == 2.0
+
+
 def test_defaults_are_client_gos_proportions_and_a_deadline_past_the_lease_is_refused() -> None:
     api: Any = None
     elector = LeaderElector(api, namespace="dra-gpu", name="controller", identity="a")

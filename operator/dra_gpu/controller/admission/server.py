@@ -27,6 +27,7 @@ from pathlib import Path
 import kopf
 
 from dra_gpu.config import ControllerSettings
+from dra_gpu.kube import backoff
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ FILE_WAIT_SECONDS = 0.5
 """How often a server without its files looks for them again."""
 FILE_CHECK_SECONDS = 10.0
 """How often a serving server hashes its files for a change."""
-RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-"""After consecutive failed starts (a half-replaced pair, a port taken); the last repeats."""
+RETRY = backoff.Backoff(duration=0.5, cap=30.0)
+"""After consecutive failed starts (a half-replaced pair, a port taken): 0.5 s doubling up to
+30 s, jittered (the package's back-off); a start that serves resets it."""
 
 
 def webhook_server(
@@ -86,22 +88,21 @@ class Server(kopf.WebhookServer):
                 log.info("webhook: waiting for %s and %s", certfile, pkeyfile)
                 waited = True
             await asyncio.sleep(FILE_WAIT_SECONDS)
-        failures = 0
+        delays = RETRY.delays()
         while True:
             # Set per start: a ca.crt that appeared is used, one that went is not hashed.
             cafile = self.cert_dir / CA_FILE
             self.cafile = cafile if cafile.exists() else None
             try:
                 async for config in super().__call__(fn):
-                    failures = 0
+                    delays.reset()
                     self.listening.set()  # Kopf yields once its site has started
                     yield config
             except OSError as exc:  # ssl.SSLError: a key and a certificate that do not match
                 self.listening.clear()
-                failures += 1
-                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS)) - 1]
+                delay = delays.next()
                 log.warning(
-                    "webhook: cannot serve with %s: %s; again in %g s", certfile, exc, delay
+                    "webhook: cannot serve with %s: %s; again in %.3g s", certfile, exc, delay
                 )
                 await asyncio.sleep(delay)
             else:  # Kopf's server never returns by itself; if it ever does, start it again
