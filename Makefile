@@ -125,17 +125,18 @@ image:  # needs a Docker engine (none on the CI machines); the chart's default i
 
 # Real nodes: containerd and the images come from their build scripts (cached; quick when built).
 NODE_ARGS = --containerd-dir "$$(hack/build-containerd.sh | tail -1)" \
-  --images-dir "$$(hack/build-images.sh | tail -1)" \
-  --prometheus-bin "$$(hack/build-prometheus.sh | tail -1)/bin"
+  --images-dir "$$(hack/build-images.sh | tail -1)"
+# The local cluster: real nodes, and Prometheus beside them.
+CLUSTER_ARGS = $(NODE_ARGS) --prometheus-bin "$$(hack/build-prometheus.sh | tail -1)/bin"
 
 cluster-up: venv kubebins
-	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(NODE_ARGS)
+	@$(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(CLUSTER_ARGS)
 
 cluster-down: venv
 	@$(BIN)/python -m dra_gpu.testing down --state-dir $(STATE_DIR)
 
 run: cluster-up
-	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(NODE_ARGS))" && \
+	@eval "$$($(BIN)/python -m dra_gpu.testing up --state-dir $(STATE_DIR) $(CLUSTER_ARGS))" && \
 	  $(BIN)/python hack/tutorial.py $(STATE_DIR)
 
 protos: venv

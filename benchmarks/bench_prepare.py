@@ -310,6 +310,7 @@ async def run(
     rounds: int,
     concurrent: list[int],
     pydra_python: str | None,
+    agent_args: tuple[str, ...],
 ) -> None:
     profile = work / "profile.yaml"
     profile.write_text(
@@ -325,6 +326,7 @@ async def run(
             work / "agent",
             cdi=node.cdi_dir,
             profile=profile,
+            extra_args=agent_args,
         )
         await agent.astart()
         assert agent.pid is not None
@@ -415,13 +417,21 @@ def main() -> int:
     parser.add_argument("--pydra-python", help="interpreter with kubernetes-pydra installed")
     parser.add_argument("--containerd-dir", type=Path, required=True)
     parser.add_argument("--images-dir", type=Path, required=True)
+    parser.add_argument(
+        "--agent-api-qps",
+        type=float,
+        help="the agent's client-side rate limit (--api-qps; 0: none) [default: the agent's]",
+    )
     args = parser.parse_args()
+    agent_args = () if args.agent_api_qps is None else (f"--api-qps={args.agent_api_qps:g}",)
     with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, ControlPlane() as cp:
         work = Path(tmp)
         (work / "floor").mkdir()
         runtime = NodeRuntime.from_builds(cp.bin_dir, args.containerd_dir, args.images_dir)
         with RealNode(cp, NODE, 1, work / "node", runtime) as node:
-            asyncio.run(run(cp, node, work, args.rounds, args.in_flight, args.pydra_python))
+            asyncio.run(
+                run(cp, node, work, args.rounds, args.in_flight, args.pydra_python, agent_args)
+            )
     return 0
 
 
