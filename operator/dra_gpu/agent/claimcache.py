@@ -43,8 +43,10 @@ A prepare that finds the cache's GET of its claim on the wire waits for it (``re
 of sending a second one: that GET was sent after the pod was bound, when the claim was already
 allocated and reserved for it, so it reads what the prepare's own would, and it answers sooner;
 the prepare counts as a cache read. If it fails, or is not kept (an unprepare, a break), the
-prepare reads the claim itself. A read still waiting for its slot is not waited for: the
-prepare's own GET does not queue behind the cache's.
+prepare reads the claim itself. A read still waiting for its slot is not waited for but taken
+over (``take``): the prepare's own GET, sent at once, is that read, and the cache does not send
+it again — one GET per claim, not two, when a burst of prepares outruns the cache's reads under
+the client's rate limit (measured: 1,000 claims bound at once, 559 read twice before).
 
 Costs: one watch of this node's pods (the API server's watch cache indexes pods by node, so
 other nodes' pods cost this watch nothing), listed in pages of ``LIST_PAGE``; about one GET per
@@ -158,7 +160,9 @@ class Reading:
 
     key: ClaimKey
     sent: bool = False
-    """The GET is on the wire (it holds a slot)."""
+    """The GET is on the wire (it holds a slot, or a prepare sends it: ``taken``)."""
+    taken: bool = False
+    """A prepare sends this read itself (``ClaimCache.take``) and ends it (``settle``)."""
     spoiled: bool = False
     """An unprepare of the claim, a break of the watch, or the claim's last pod gone came
     after the read was queued: what it reads may be older than that, and is not kept."""
@@ -215,6 +219,22 @@ class ClaimCache:
             return found
         await reading.done.wait()
         return self.lookup(ref)
+
+    def take(self, ref: ClaimRef) -> Reading | None:
+        """The cache's read of the claim while it still waits for its slot, handed to a prepare
+        that found no copy: the cache will not send it; the prepare's GET, sent now, is that read
+        (other prepares of the claim wait for it, an unprepare spoils it) and ends it with
+        ``settle``. None: no such read."""
+        reading = self._reading.get(ClaimKey(ref.namespace, ref.name)) if self.live else None
+        if reading is None or reading.sent:
+            return None
+        reading.sent = reading.taken = True
+        return reading
+
+    def settle(self, reading: Reading, claim: kube.Body | None) -> None:
+        """What the prepare's GET of a ``take``n read brought (None: it failed)."""
+        self.answered(reading, claim)
+        reading.done.set()
 
     def unprepared(self, ref: ClaimRef) -> None:
         """The kubelet unprepared this claim: its copy goes, and a read of it in flight is not
@@ -359,15 +379,16 @@ class ClaimCache:
     async def _read(self, api: kube.Kube, reading: Reading) -> None:
         try:
             async with self._slots:
-                if reading.spoiled:
+                if reading.taken or reading.spoiled:  # taken: a prepare sends it, ends it
                     return
                 reading.sent = True
                 claim = await _get(api, reading.key)
             self.answered(reading, claim)
         finally:
-            if self._reading.get(reading.key) is reading:  # cancelled: not answered
-                del self._reading[reading.key]
-            reading.done.set()
+            if not reading.taken:
+                if self._reading.get(reading.key) is reading:  # cancelled: not answered
+                    del self._reading[reading.key]
+                reading.done.set()
 
 
 async def _get(api: kube.Kube, key: ClaimKey) -> kube.Body | None:

@@ -468,13 +468,19 @@ class DeviceState:
         metrics.CLAIM_READS.labels("api" if cached is None else "cache").inc()
         if cached is not None:
             return cached
+        taken = self._cache.take(ref) if self._cache is not None else None
+        claim: kube.Body | None = None
         try:
             async with self._reads:
-                return await self.api.get(ref.path)
+                claim = await self.api.get(ref.path)
+            return claim
         except kube.ApiError as exc:
             if exc.not_found:
                 raise ClaimError(f"ResourceClaim {ref} not found") from None
             raise ClaimError(f"ResourceClaim {ref}: cannot be read: {exc}") from None
+        finally:
+            if taken is not None and self._cache is not None:
+                self._cache.settle(taken, claim)
 
     async def _inventory_devices(
         self, ref: ClaimRef, allocated: Sequence[claims.AllocatedDevice]

@@ -522,6 +522,39 @@ async def test_a_prepare_waits_for_the_caches_get_on_the_wire_instead_of_sending
     assert len(server.of("GET", f"{CLAIMS_PATH}/c")) == 1
 
 
+async def test_a_prepare_takes_over_a_read_still_waiting_for_its_slot_one_get_per_claim() -> None:
+    slots_free = asyncio.Event()
+    busy = [f"b{n}" for n in range(claimcache.READS)]  # their reads hold every slot
+
+    def held(request: Request) -> Reply:
+        name = request.path.rsplit("/", 1)[1]
+        return Reply(200, claim(uid=f"u-{name}", name=name), hold=slots_free)
+
+    routes: dict[tuple[str, str], Any] = {
+        ("GET", PODS_PATH): [pods_listed(*(pod(f"pod-{n}", n) for n in busy), pod())],
+        ("WATCH", PODS_PATH): [watching()],
+        ("GET", f"{CLAIMS_PATH}/c"): [ok(claim())],
+    }
+    routes |= {("GET", f"{CLAIMS_PATH}/{n}"): held for n in busy}
+    server = Routed(routes)
+    cache = ClaimCache(DRIVER, NODE)
+    async with running(server, cache) as api:
+        await until("every slot taken", lambda: len(server.of("GET")) == 1 + len(busy))
+        assert await cache.read(REF) is None  # queued, not on the wire: not waited for
+        taken = cache.take(REF)
+        assert taken is not None
+        assert cache.take(REF) is None  # once
+        second = asyncio.create_task(cache.read(REF))  # another prepare of the claim waits
+        await asyncio.sleep(0)
+        assert not second.done()
+        cache.settle(taken, await api.get(f"{CLAIMS_PATH}/c"))  # the prepare's own GET
+        assert devices(await second) == ["gpu-0"]
+        slots_free.set()
+        await until("the other reads", lambda: len(cache) == 1 + len(busy))
+        assert cache.reading == 0
+    assert len(server.of("GET", f"{CLAIMS_PATH}/c")) == 1  # the cache never sent its own
+
+
 async def test_a_failed_read_leaves_the_prepare_to_read_the_claim_itself() -> None:
     answered = asyncio.Event()
     server = Routed(
