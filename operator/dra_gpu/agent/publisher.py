@@ -37,7 +37,7 @@ from dra_gpu import kube
 from dra_gpu.agent import slices
 from dra_gpu.agent.contention import Contention
 from dra_gpu.devices import health, model
-from dra_gpu.kube import events
+from dra_gpu.kube import backoff, events
 from dra_gpu.resource import labels
 from dra_gpu.serving import metrics
 
@@ -46,6 +46,8 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 COMPONENT = "dra-gpu-agent"
 CONFLICT_REASON = "ResourcePoolConflict"
 HANDOVER_REASON = "ResourcePoolHandedOver"
+RETRY = backoff.Backoff(duration=1.0, cap=30.0)
+"""After a failed publication: 1 s doubling up to 30 s, jittered (the package's back-off)."""
 
 
 class SlicePublisher:
@@ -57,7 +59,7 @@ class SlicePublisher:
         driver: str,
         node: str,
         resync_seconds: float = 30.0,
-        retry_seconds: float = 2.0,
+        retry: backoff.Backoff = RETRY,
         instance: str = "dra-gpu-agent",
         registered_at: Callable[[], datetime.datetime | None] = lambda: None,
         contention: Contention | None = None,
@@ -72,7 +74,10 @@ class SlicePublisher:
         self.driver = driver
         self.node = node
         self.resync_seconds = resync_seconds
-        self.retry_seconds = retry_seconds
+        self.retries = retry.delays()
+        """Between failed publications (an API server restarting, the Node not there yet):
+        jittered, doubling, back to the first after one that succeeded. A watch event wakes
+        the loop sooner."""
         self.instance = instance
         """Names this process on what it writes: unique per process (see ``new_instance``)."""
         self.registered_at = registered_at
@@ -138,10 +143,16 @@ class SlicePublisher:
                 try:
                     await self.publish_once()
                     delay = min(self.resync_seconds, self._wait or self.resync_seconds)
+                    self.retries.reset()
                 except Exception as exc:  # API restarting, node not registered yet, bad profile
                     metrics.SLICE_PUBLICATIONS.labels("error").inc()
-                    log.warning("publishing the slices of node %s failed: %s", self.node, exc)
-                    delay = self.retry_seconds
+                    delay = self.retries.next()
+                    log.warning(
+                        "publishing the slices of node %s failed: %s; again in %.1f s",
+                        self.node,
+                        exc,
+                        delay,
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 self._wake.clear()

@@ -14,8 +14,9 @@ manager of our own, which owns exactly our driver's entries: other drivers' entr
 touched, and applying an empty list removes ours. Writes wait ``delay_seconds`` so that
 bursts coalesce (a claim prepared and unprepared within that time costs no write at all), one
 at a time (they share the event loop and the API server with prepares, which come first).
-Failed writes are retried with backoff; a claim that is gone needs no status. A desire is
-forgotten once written: ``metrics.STATUS_WRITES_PENDING`` is how far behind the writes are.
+Failed writes are retried with a jittered back-off (``RETRY``); a claim that is gone needs no
+status. A desire is forgotten once written: ``metrics.STATUS_WRITES_PENDING`` is how far behind
+the writes are.
 
 Owns our entries and their writes; must not delay a prepare, nor touch other drivers' entries.
 """
@@ -32,9 +33,14 @@ from dra_gpu import kube
 from dra_gpu.agent import claims
 from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.devices import model
+from dra_gpu.kube import backoff
 from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
+
+RETRY = backoff.Backoff(duration=1.0, cap=30.0)
+"""After a failed write: 1 s doubling up to 30 s while writes keep failing (an API server
+restarting), jittered; the first write that succeeds starts it over."""
 
 _Desire = tuple[ClaimRef, list[dict[str, Any]]]
 """A claim and our entries for its ``status.devices``; compared by identity (the latest wins)."""
@@ -117,12 +123,13 @@ class StatusWriter:
         node: str,
         *,
         delay_seconds: float = 0.5,
-        retry_seconds: float = 2.0,
+        retry: backoff.Backoff = RETRY,
     ) -> None:
         self.api = api
         self.field_manager = f"dra-gpu-agent/{node}"
         self.delay_seconds = delay_seconds
-        self.retry_seconds = retry_seconds
+        self.retries = retry.delays()
+        """One back-off for the writer: consecutive failures, whichever claims they were."""
         self._written: set[str] = set()
         self._desired: dict[str, _Desire] = {}
         self._dirty: asyncio.Queue[str] = asyncio.Queue()
@@ -160,18 +167,22 @@ class StatusWriter:
                 self._written.discard(uid)
                 self._forget(uid, desired)
                 return
-            log.warning("status of claim %s: %s; retrying", ref, exc)
-            asyncio.get_running_loop().call_later(self.retry_seconds, self._retry, uid)
+            self._again(uid, ref, exc)
             return
         except Exception as exc:  # API unreachable (restarting): retry later
-            log.warning("status of claim %s: %s; retrying", ref, exc)
-            asyncio.get_running_loop().call_later(self.retry_seconds, self._retry, uid)
+            self._again(uid, ref, exc)
             return
+        self.retries.reset()
         if entries:
             self._written.add(uid)
         else:
             self._written.discard(uid)
         self._forget(uid, desired)
+
+    def _again(self, uid: str, ref: ClaimRef, exc: Exception) -> None:
+        delay = self.retries.next()
+        log.warning("status of claim %s: %s; again in %.1f s", ref, exc, delay)
+        asyncio.get_running_loop().call_later(delay, self._retry, uid)
 
     def _retry(self, uid: str) -> None:
         if uid in self._desired:

@@ -17,8 +17,11 @@ from typing import Any
 import pytest
 
 from dra_gpu import config, kube
-from dra_gpu.agent import cdi, commits, runner
+from dra_gpu.agent import cdi, commits, runner, status
+from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.kube import backoff, retries, throttling, transport, watch
+from dra_gpu.resource import bodies
+from dra_gpu.testing import eventually
 from tests.support.api_servers import (
     FakeTime,
     Reply,
@@ -272,6 +275,29 @@ async def test_waiting_for_the_api_server_backs_off_with_jitter_and_honours_retr
     said = [r.getMessage() for r in caplog.records if "attempt" in r.getMessage()]
     assert said[0].endswith("attempt 1, next in 1 s (+0.2 s jitter)")
     assert said[1].endswith("attempt 2, next in 5 s (its Retry-After)")
+
+
+async def test_the_status_writer_backs_off_while_writes_fail_and_starts_over_after_one_works() -> (
+    None
+):
+    script = Script(PATCH=[internal_error(), internal_error(), ok({}), internal_error(), ok({})])
+    ref = ClaimRef("ns", "c", bodies.ClaimUID("u1"))
+    entry = {"driver": DRIVER, "pool": NODE, "device": "gpu-0"}
+    async with scripted_api(script) as api:
+        policy = backoff.Backoff(duration=0.01, jitter=0.0)
+        writer = status.StatusWriter(api, NODE, delay_seconds=0.0, retry=policy)
+        task = asyncio.create_task(writer.run_forever())
+        try:
+            writer.set_devices(ref, [entry])
+            await eventually(lambda: writer.pending() == 0, what="written after two failures")
+            assert len(script.of("PATCH")) == 3
+            assert writer.retries.taken == 0  # the write that worked started it over
+            writer.set_devices(ref, [])
+            await eventually(lambda: writer.pending() == 0, what="removed after one failure")
+            assert writer.retries.base == 0.01  # the failure after it: the first delay again
+        finally:
+            task.cancel()
+    assert len(script.of("PATCH")) == 5
 
 
 # ---- 4. A broken watch resumes from its resourceVersion; only 410 relists ---------------------
