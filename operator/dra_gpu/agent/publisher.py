@@ -46,8 +46,10 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 COMPONENT = "dra-gpu-agent"
 CONFLICT_REASON = "ResourcePoolConflict"
 HANDOVER_REASON = "ResourcePoolHandedOver"
-RETRY = backoff.Backoff(duration=1.0, cap=30.0)
-"""After a failed publication: 1 s doubling up to 30 s, jittered (the package's back-off)."""
+RETRY = backoff.Backoff(duration=1.0, cap=8.0, jitter=0.5)
+"""After a failed publication: 1 s doubling up to 8 s, each up to half again (the package's
+back-off). Kept short: until its slices are there the scheduler sees none of the node's GPUs,
+and a node without slices has no watch event to wake the loop sooner."""
 
 
 class SlicePublisher:
