@@ -10,6 +10,7 @@ server (the kubelets reconnect on their own too).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
@@ -189,8 +190,9 @@ async def test_pods_claiming_gpus_through_an_api_server_restart_all_run_and_noth
         try:
             # Pods starting, running and being deleted on both nodes when the server goes.
             await eventually(lambda: len(load.ran) >= 2, timeout=120, what="the load under way")
+            before, stopped = load.count, time.monotonic()
             await asyncio.to_thread(own_control_plane.restart_apiserver)
-            restarted_at = load.count
+            restarted_at, outage = load.count, time.monotonic() - stopped
             await eventually(
                 lambda: load.count >= restarted_at + 4 * len(nodes),
                 timeout=120,
@@ -212,6 +214,10 @@ async def test_pods_claiming_gpus_through_an_api_server_restart_all_run_and_noth
     assert failed == {}, f"the kubelet reported failed prepares: {failed}"
     assert [a.pid for a in agents] == pids  # the agents rode it out
     assert len(load.ran) == load.count > restarted_at
+    print(
+        f"API server restart under load: {load.count} pods ({before} before it, "
+        f"{restarted_at - before} during its {outage:.1f} s, the rest after), all ran"
+    )
 
 
 def _left_prepared(node: RealNode, agents: list[AgentProcess]) -> list[str]:
