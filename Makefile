@@ -11,7 +11,7 @@ DRA_GPU_BIN_DIR ?= $(DRA_GPU_CACHE)/bin/$(K8S_VERSION)
 STATE_DIR := .run/cluster
 export K8S_VERSION DRA_GPU_CACHE DRA_GPU_BIN_DIR
 
-.PHONY: help venv kubebins lint format test unit binaries e2e matrix bench chart image reliability run cluster-up cluster-down protos clean
+.PHONY: help venv kubebins lint format test unit binaries e2e matrix bench bench-fleet chart image reliability run cluster-up cluster-down protos clean
 
 help:
 	@echo "make run           local control plane + 3 real nodes, the tutorial end to end, then helm install"
@@ -22,6 +22,7 @@ help:
 	@echo "make lint          ruff, mypy --strict, the import contracts (.pre-commit-config.yaml too)"
 	@echo "make matrix        the e2e suite against Kubernetes 1.35.4, 1.36.3 and 1.37.2 (long)"
 	@echo "make bench         benchmarks (print numbers, assert nothing)"
+	@echo "make bench-fleet   10, 50 and 100 agents against one API server, a claim stream, a restart (~20 min)"
 	@echo "make reliability   restart, load (20 nodes x 8 GPUs, 200 pods), fuzzing, crash tests"
 	@echo "make chart         helm lint + chart tests (render, dry-run, install, RBAC, policy)"
 	@echo "make cluster-up    start the local cluster in the background (real nodes node-01..03), print exports"
@@ -108,6 +109,11 @@ bench: venv kubebins nodebins images $(PYDRA_VENV)/.installed
 	$(BIN)/python benchmarks/bench_controller.py
 	$(BIN)/python benchmarks/bench_admission.py
 	$(BIN)/python benchmarks/bench_cel.py
+
+# The fleet: N agents (10, 50, 100) on one control plane, a stream of other nodes' claim changes,
+# an API server restart; what the API server and the agents pay (not part of `make bench`: long).
+bench-fleet: venv kubebins
+	$(BIN)/python benchmarks/bench_fleet.py
 
 # The reliability tests at the issue's full size (CI runs them smaller as part of `make test`).
 reliability: venv kubebins nodebins images
