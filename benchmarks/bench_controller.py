@@ -29,11 +29,19 @@ before the incremental controller), ``--shape full`` is its full size (5,000 nod
 classes, 150,000 pods of which 30,000 use claims, 3,000 pending claims with waiting pods).
 
 ``apiserver``: the ``dra-gpu controller`` process against the real API server (the local
-control plane): slices, classes, claims and pods created first, then the controller started;
-measures the complete view after start, claim change -> metric lag, new waiting pod -> Event,
-how long ``/metrics`` takes to answer meanwhile, resident memory, and a SIGTERM: how long until
-the process exits, and its exit code. Default size 1,000 nodes x 8, 10 classes, 5,000 claims
-(500 pending), 20,000 pods: the largest this 2-core machine holds.
+control plane): slices, classes, claims and pods created first, then the controller started.
+Measured, in seconds after the process started: its start-up lists done (its log), the complete
+view (its metrics show every device and claim), the first explanation posted and every waiting
+claim explained (the Events' times; the waiting claims are those that can never fit), a waiting
+pod made from a template while Kopf still lists the Pods -> its claim's Event, and Kopf having
+handed over every Pod (its log: caught up); then how many claims explained during start-up were
+posted again, and with another meaning (``resource.dra-gpu.io/explanation-meaning``). From then
+on: claim change -> metric lag, new waiting pod -> Event, the Events written per allocation
+while claims are allocated as the scheduler does (``status.allocation`` and ``reservedFor``
+written, the pod bound), how long ``/metrics`` takes to answer meanwhile, resident memory, and
+a SIGTERM: how long until the process exits, and its exit code. ``--api-qps`` sets the
+controller's client rate limit (default: the chart's, 50/s). Default size 1,000 nodes x 8, 10
+classes, 5,700 claims (1,700 pending, 1,020 of which never fit), 20,000 pods.
 
 Without a mode (``make bench``): every in-process shape, then ``apiserver`` at ``MAKE_BENCH``'s
 size (300 nodes x 8, 10 classes, 1,800 claims of which 300 pending, 11,800 pods: about two
@@ -849,19 +857,241 @@ async def heartbeat_forever(api: kube.Kube, nodes: list[str]) -> None:
         await asyncio.sleep(max(0.0, 10 - (time.monotonic() - started)))
 
 
-async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> None:
+async def template_waiting_pod(api: kube.Kube, shape: Shape, j: int) -> Coroutine[Any, Any, float]:
+    """Job ``j``'s waiting pod as a Deployment's would be, its claim made from a template: the
+    pod first (naming the template), then the claim the resourceclaim controller would make
+    (owned by the pod, named after it), then the pod's status naming the claim. Returns what
+    waits for the claim's Event and says how long after the pod it came."""
+    claim, pod = claim_body(j, shape.classes), pod_body(j, claim=True, node=None)
+    namespace = claim["metadata"]["namespace"]
+    body = _api_body(pod)
+    body["spec"]["volumes"] = []
+    body["spec"]["containers"][0]["volumeMounts"] = []
+    t = time.perf_counter()
+    created = await api.create(f"/api/v1/namespaces/{namespace}/pods", body)
+    owned = _api_body(claim)
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": created["metadata"]["name"],
+            "uid": created["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    await api.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", owned)
+    status = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim_name(j)}]}
+    await api.patch(
+        f"/api/v1/namespaces/{namespace}/pods/{created['metadata']['name']}/status",
+        {"status": status},
+    )
+
+    async def lag() -> float:
+        from dra_gpu.testing import eventually
+
+        await eventually(
+            functools.partial(explained, api, namespace, claim["metadata"]["name"]),
+            timeout=600,
+            interval=0.05,
+            what="the waiting pod's template claim explained",
+        )
+        return time.perf_counter() - t
+
+    return lag()
+
+
+async def our_events(api: kube.Kube) -> list[Body]:
+    """Every Event of the controller (core/v1 shape), every page."""
+    from dra_gpu.controller.posting import COMPONENT
+
+    found: list[Body] = []
+    async for page in api.pages("/api/v1/events", fieldSelector=f"reportingComponent={COMPONENT}"):
+        found += page.get("items") or []
+    return found
+
+
+def event_time(event: Body) -> float:
+    """An Event's ``eventTime`` (or ``lastTimestamp``) as seconds since the epoch."""
+    import datetime
+
+    text = event.get("eventTime") or event.get("lastTimestamp") or ""
+    for form in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            parsed = datetime.datetime.strptime(text, form)
+        except ValueError:
+            continue
+        return parsed.replace(tzinfo=datetime.UTC).timestamp()
+    return float("nan")
+
+
+@dataclasses.dataclass
+class Churn:
+    """What the controller's Events on claims say about its start-up."""
+
+    explained: int
+    """Claims with an explanation."""
+    posted_again: int
+    """Of those, claims with more than one Event of it."""
+    meaning_changed: int
+    """Of those, claims whose later Event meant something else (its annotation)."""
+    first: float
+    """Seconds from ``since`` to the first explanation."""
+    last_first: dict[str, float]
+    """Claim name -> seconds from ``since`` to its first explanation."""
+
+
+def churn(events: list[Body], since: float) -> Churn:
+    from dra_gpu.controller import meanings
+
+    by_claim: dict[str, list[Body]] = {}
+    for event in events:
+        regarding = event.get("involvedObject") or {}
+        if regarding.get("kind") == "ResourceClaim":
+            by_claim.setdefault(regarding.get("uid", ""), []).append(event)
+    again = changed = 0
+    firsts: dict[str, float] = {}
+    for said in by_claim.values():
+        said.sort(key=event_time)
+        firsts[said[0]["involvedObject"]["name"]] = event_time(said[0]) - since
+        if len(said) > 1:
+            again += 1
+            digests = {
+                ((e.get("metadata") or {}).get("annotations") or {}).get(meanings.ANNOTATION)
+                for e in said
+            }
+            changed += len(digests) > 1
+    first = min(firsts.values(), default=float("nan"))
+    return Churn(len(by_claim), again, changed, first, firsts)
+
+
+class LogWatch:
+    """When lines matching patterns first appeared in a process's log (polled every 50 ms)."""
+
+    def __init__(self, path: Path, patterns: dict[str, str]) -> None:
+        self.path, self.patterns = path, {k: re.compile(v) for k, v in patterns.items()}
+        self.seen: dict[str, float] = {}
+        self.lines: dict[str, str] = {}
+        self._offset = 0
+
+    async def run_forever(self) -> None:
+        while True:
+            if self.path.exists():
+                with self.path.open("rb") as log:
+                    log.seek(self._offset)
+                    text = log.read()
+                cut = text.rfind(b"\n") + 1
+                self._offset += cut
+                for line in text[:cut].decode(errors="replace").splitlines():
+                    for name, pattern in self.patterns.items():
+                        if name not in self.seen and pattern.search(line):
+                            self.seen[name] = time.perf_counter()
+                            self.lines[name] = line
+            await asyncio.sleep(0.05)
+
+    async def wait(self, name: str, within: float) -> float:
+        from dra_gpu.testing import eventually
+
+        await eventually(lambda: name in self.seen, timeout=within, interval=0.05, what=name)
+        return self.seen[name]
+
+
+def admits(k: int, node: int) -> bool:
+    """Whether class ``k`` (``class_selectors``) admits the GPUs of node ``node``."""
+    product, memory, compute, architecture = PRODUCTS[node % len(PRODUCTS)]
+    gib = int(memory.removesuffix("Gi"))
+    tier = int(MEMORY_TIERS[k % len(MEMORY_TIERS)].removesuffix("Gi"))
+    kind = k % 5
+    if kind == 0:
+        return product == PRODUCTS[k % len(PRODUCTS)][0]
+    if kind in (1, 4):
+        return gib >= tier
+    if kind == 2:
+        return tuple(map(int, compute.split("."))) > (8, 0, 0)
+    return architecture == PRODUCTS[k % len(PRODUCTS)][3]
+
+
+async def allocate_as_scheduler(api: kube.Kube, cluster: Cluster, j: int) -> bool:
+    """Job ``j``'s claim (one GPU, no selector of its own) and its waiting pod, created for a
+    scheduler of the benchmark's own (``schedulerName``: kube-scheduler leaves the pod alone),
+    which then does what kube-scheduler does: allocates the claim a free device its class
+    admits, reserves it for the pod, and binds the pod to the device's node. False when no such
+    device is free."""
+    k = j % cluster.shape.classes
+    found = next((d for d in cluster.free if admits(k, d // cluster.shape.gpus)), None)
+    if found is None:
+        return False
+    cluster.free.remove(found)
+    node, gpu = cluster.where(found)
+    claim = claim_body(j, cluster.shape.classes)
+    namespace, name = claim["metadata"]["namespace"], claim_name(j)
+    path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    created = await api.create(path, _api_body(claim))
+    pod = _api_pod(pod_body(j, claim=True, node=None))
+    pod["spec"]["schedulerName"] = "dra-gpu-bench"
+    pod["spec"]["containers"][0].pop("resources", None)  # the other pods took the CPUs
+    waiting = await api.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    await asyncio.sleep(0.5)  # waiting, as a pod in a scheduler's queue
+    created["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": node, "device": f"gpu-{gpu}"}
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [
+            {"resource": "pods", "name": pod_name(j), "uid": waiting["metadata"]["uid"]}
+        ],
+    }
+    await api.replace(f"{path}/{name}/status", created)
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod_name(j), "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    await api.create(f"/api/v1/namespaces/{namespace}/pods/{pod_name(j)}/binding", binding)
+    return True
+
+
+async def run_apiserver(
+    shape: Shape,
+    changes: int,
+    allocations: int,
+    keep_log: Path | None,
+    api_qps: float | None,
+) -> None:
     from dra_gpu.testing import ControllerProcess, ControlPlane, eventually
 
     cluster = Cluster(shape)
+    env = {} if api_qps is None else {"DRA_GPU_API_QPS": f"{api_qps:g}"}
+    if api_qps:
+        env["DRA_GPU_API_BURST"] = str(max(100, int(2 * api_qps)))
     with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, ControlPlane() as cp:
         async with await kube.Kube.connect(cp.kubeconfig) as api:
             nodes = [node_name(i) for i in range(shape.nodes)]
             heartbeats = asyncio.create_task(heartbeat_forever(api, nodes), name="heartbeats")
             t0 = time.perf_counter()
             await populate(api, cluster)
-            print(f"populated in {time.perf_counter() - t0:.1f}s")
-            controller = ControllerProcess("bench", cp.kubeconfig, Path(tmp), resync_seconds=30)
+            populated = time.perf_counter() - t0
+            print(f"populated in {populated:.1f}s")
+            controller = ControllerProcess(
+                "bench", cp.kubeconfig, Path(tmp), resync_seconds=30, env=env
+            )
             answers: list[float] = []  # how long each full /metrics read took
+            watch_log = LogWatch(
+                controller.log_file,
+                {
+                    "lists": r"start-up lists done in",
+                    "kopf_pods": r"Kopf has handed over its Pod listing",
+                },
+            )
 
             def scrape(*names: str) -> str:
                 """The probes read the metrics they look at only (``name[]``): a full scrape
@@ -881,9 +1111,19 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
                         answers.append(time.perf_counter() - t)
                     await asyncio.sleep(1.0)
 
+            # Claims that fit are allocated by the scheduler during populate and get no
+            # Event: those that never fit (a whole node of 8, or more memory than any GPU
+            # has) are the claims that wait, each explained at start.
+            never_fit = {
+                c["metadata"]["name"]
+                for j, c in cluster.claims.items()
+                if (j % 2 == 0 or j % 10 == 1) and not c["status"].get("allocation")
+            }
+            started_wall = time.time()
             started = time.perf_counter()
             controller.spawn()
             prometheus = asyncio.create_task(prometheus_forever(), name="prometheus")
+            logs = asyncio.create_task(watch_log.run_forever(), name="log")
             devices = shape.nodes * shape.gpus
             try:
                 while True:
@@ -898,25 +1138,25 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
                         break
                     await asyncio.sleep(0.05)
                 complete = time.perf_counter() - started
-                # One waiting pod now, while the controller still works through the initial
-                # listings (Kopf hands it every Pod of the cluster first); then wait until it
-                # has caught up: every claim pending at start explained, and this one.
-                first = await new_waiting_pod(api, shape, 30_000_000)
+                lists = await watch_log.wait("lists", 600) - started
+                # One waiting pod now, its claim from a template, while Kopf still hands the
+                # controller its initial listings (every Pod of the cluster).
+                first = await template_waiting_pod(api, shape, 30_000_000)
                 first_lag = await first
-                # Claims that fit get no Event: those asking for more memory than any GPU has
-                # (one in ten, spread over the listings) are the ones to wait for.
-                never_fit = {
-                    c["metadata"]["name"]
-                    for j, c in cluster.claims.items()
-                    if j % 10 == 1 and not c["status"].get("allocation")
-                }
                 await eventually(
                     lambda: all_explained(api, never_fit),
                     timeout=600,
-                    interval=1.0,
+                    interval=0.5,
                     what="the pending claims that never fit explained",
                 )
-                caught_up = time.perf_counter() - started
+                all_seen = time.perf_counter() - started
+                kopf_pods = await watch_log.wait("kopf_pods", 600) - started
+                await asyncio.sleep(10)  # the passes after Kopf's last listed objects
+                start_up = churn(await our_events(api), started_wall)
+                explained_all = max(
+                    (start_up.last_first.get(n, float("nan")) for n in never_fit),
+                    default=float("nan"),
+                )
                 lags = []
 
                 def counted_beyond(before: float) -> bool:
@@ -940,6 +1180,29 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
                     await (await new_waiting_pod(api, shape, 20_000_000 + 10 * i))
                     for i in range(changes)
                 ]
+                # Allocations at steady state, written as the scheduler writes them: a claim
+                # that fits and its waiting pod, then status.allocation (a free device its class
+                # admits) and reservedFor, and the pod bound (``allocate_as_scheduler``).
+                # Counted: the Events the controller wrote meanwhile (each allocation moves the
+                # counts in every other waiting claim's message, not its meaning).
+                await asyncio.sleep(5)
+                taken = set()  # what kube-scheduler allocated meanwhile is not free
+                async for page in api.pages(f"{RESOURCE}/resourceclaims"):
+                    for item in page.get("items") or []:
+                        for result in (
+                            ((item.get("status") or {}).get("allocation") or {}).get("devices")
+                            or {}
+                        ).get("results") or []:
+                            taken.add((result["pool"], int(result["device"].split("-")[-1])))
+                cluster.free = [d for d in cluster.free if cluster.where(d) not in taken]
+                events_before = len(await our_events(api))
+                allocated = 0
+                for i in range(allocations):
+                    j = 40_000_000 + 10 * i + 3  # one GPU, no selector of its own: fits
+                    if await allocate_as_scheduler(api, cluster, j):
+                        allocated += 1
+                await asyncio.sleep(10)  # the passes and posts those allocations caused
+                allocation_events = len(await our_events(api)) - events_before
                 memory = rss_mib(controller.pid or 0)
                 t = time.perf_counter()
                 exit_code = controller.stop(30)
@@ -947,34 +1210,59 @@ async def run_apiserver(shape: Shape, changes: int, keep_log: Path | None) -> No
             finally:
                 heartbeats.cancel()
                 prometheus.cancel()
+                logs.cancel()
                 controller.stop()
                 if keep_log is not None:
                     shutil.copyfile(controller.log_file, keep_log)
     p50, p99 = percentile(lags, 50), percentile(lags, 99)
     e50, e99 = percentile(explain_lags, 50), percentile(explain_lags, 99)
     a99, slowest = percentile(answers, 99), max(answers)
+    per_allocation = allocation_events / allocated if allocated else float("nan")
     print(
         f"\ncontroller process on the real API server: {shape.nodes} nodes x {shape.gpus}, "
-        f"{shape.classes} classes, {shape.claims} claims ({shape.pending} pending), "
-        f"{shape.claims + shape.other_pods} pods"
+        f"{shape.classes} classes, {shape.claims} claims ({shape.pending} pending, "
+        f"{len(never_fit)} of which never fit), {shape.claims + shape.other_pods} pods"
+        + (f", client rate limit {api_qps:g}/s" if api_qps is not None else "")
     )
-    print(f"  complete view after start   {complete:7.2f} s")
-    print(f"  a waiting pod then -> Event {first_lag:7.2f} s  (the initial listings not done)")
-    print(f"  caught up after start       {caught_up:7.2f} s  (claims that never fit: explained)")
+    print("  start-up (seconds after the process started):")
+    print(f"  start-up lists done         {lists:7.2f} s  ({watch_log.lines.get('lists', '')})")
+    print(f"  complete view (metrics)     {complete:7.2f} s")
+    print(f"  first explanation posted    {start_up.first:7.2f} s")
+    print(
+        f"  every waiting claim explained {explained_all:5.2f} s  ({len(never_fit)} claims; "
+        f"seen by the benchmark at {all_seen:.2f} s; goal <= 30 s)"
+    )
+    print(f"  a template waiting pod then -> Event {first_lag:5.2f} s  (Kopf still listing)")
+    print(f"  Kopf handed over every Pod  {kopf_pods:7.2f} s  (caught up)")
+    print(
+        f"  explained claims {start_up.explained}: posted again {start_up.posted_again}, "
+        f"meaning changed {start_up.meaning_changed} (goal: 0)"
+    )
     print("  from then on:")
     print(f"  claim change -> metric lag  p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
     print(f"  new waiting pod -> Event    p50 {e50 * 1000:7.1f} ms  p99 {e99 * 1000:7.1f} ms")
     print(f"    each, in order (ms): {' '.join(str(round(x * 1000)) for x in explain_lags)}")
+    print(
+        f"  Event writes per allocation {per_allocation:7.2f}  ({allocation_events} Events, "
+        f"{allocated} claims allocated as the scheduler does; goal <= 1)"
+    )
     print(f"  /metrics answered within    p99 {a99 * 1000:7.1f} ms  max {slowest * 1000:7.1f} ms")
     print(f"  resident memory             {memory:7.1f} MiB")
     print(f"  SIGTERM -> exited           {stopped:7.2f} s  (exit code {exit_code})")
+    print(f"BENCH controller_apiserver_populate {populated:.1f} s")
+    print(f"BENCH controller_apiserver_startup_lists {lists:.3f} s")
     print(f"BENCH controller_apiserver_complete_view {complete:.3f} s")
+    print(f"BENCH controller_apiserver_first_explanation {start_up.first:.3f} s")
+    print(f"BENCH controller_apiserver_every_waiting_claim_explained {explained_all:.3f} s")
     print(f"BENCH controller_apiserver_first_waiting_pod_explained {first_lag:.3f} s")
-    print(f"BENCH controller_apiserver_caught_up {caught_up:.3f} s")
+    print(f"BENCH controller_apiserver_caught_up {kopf_pods:.3f} s")
+    print(f"BENCH controller_apiserver_startup_posted_again {start_up.posted_again} claims")
+    print(f"BENCH controller_apiserver_startup_meaning_changed {start_up.meaning_changed} claims")
     print(f"BENCH controller_apiserver_lag_p50 {p50 * 1000:.1f} ms")
     print(f"BENCH controller_apiserver_lag_p99 {p99 * 1000:.1f} ms")
     print(f"BENCH controller_apiserver_explain_lag_p50 {e50 * 1000:.1f} ms")
     print(f"BENCH controller_apiserver_explain_lag_p99 {e99 * 1000:.1f} ms")
+    print(f"BENCH controller_apiserver_event_writes_per_allocation {per_allocation:.2f} events")
     print(f"BENCH controller_apiserver_metrics_answer_max {slowest * 1000:.1f} ms")
     print(f"BENCH controller_apiserver_rss {memory:.1f} MiB")
     print(f"BENCH controller_apiserver_sigterm_exit {stopped:.3f} s")
@@ -994,15 +1282,20 @@ def main() -> int:
     apiserver = modes.add_parser("apiserver", help="the controller process, real API server")
     apiserver.add_argument("--nodes", type=int, default=1_000)
     apiserver.add_argument("--classes", type=int, default=10)
-    apiserver.add_argument("--claims", type=int, default=5_000)
-    apiserver.add_argument("--pending", type=int, default=500)
-    apiserver.add_argument("--other-pods", type=int, default=15_000)
+    apiserver.add_argument("--claims", type=int, default=5_700)
+    apiserver.add_argument("--pending", type=int, default=1_700)
+    apiserver.add_argument("--other-pods", type=int, default=14_300)
     apiserver.add_argument("--changes", type=int, default=50)
+    apiserver.add_argument("--allocations", type=int, default=30)
     apiserver.add_argument("--keep-log", type=Path, help="copy the controller's log here")
+    apiserver.add_argument(
+        "--api-qps", type=float, help="the controller's client rate limit (default: the chart's)"
+    )
     args = parser.parse_args()
     if args.mode == "apiserver":
         shape = Shape(args.nodes, 8, args.classes, args.claims, args.pending, args.other_pods)
-        asyncio.run(run_apiserver(shape, args.changes, args.keep_log))
+        run = run_apiserver(shape, args.changes, args.allocations, args.keep_log, args.api_qps)
+        asyncio.run(run)
         return 0
     shapes = getattr(args, "shape", None) or ["small", "medium", "classes", "full"]
     changes, burst = getattr(args, "changes", 110), getattr(args, "burst", 1000)

@@ -8,7 +8,10 @@ missing piece and posting them from a task of its own (``post_forever``) through
 reason, the piece, what blocks) is not what it last posted for that claim. The queue holds the
 newest explanation per claim, and only one whose meaning is news: a device taken or freed makes
 every claim of its class worth working out again (its counts moved), seldom worth telling again.
-New waiting pods' claims go in a lane of their own, beside the re-posts a changed reason causes.
+New waiting pods' claims go in a lane of their own, beside the re-posts a changed reason causes;
+the claims a new leader finds waiting (its first sweep, ``restart``) go with the others, so a pod
+created meanwhile does not wait behind them. A lane whose posts failed tries again after a
+back-off (``RETRY``: jittered, growing, reset by a success).
 
 A claim's explanation reads the claim, the pods that use it (the first waiting one's node
 constraints), its DeviceClasses, and what those classes can see of the cluster. That last part
@@ -55,6 +58,7 @@ from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.selectors import class_drivers, class_selectors
 from dra_gpu.controller.view import Changes, ClusterView, PoolKey
+from dra_gpu.kube import backoff
 from dra_gpu.resource import bodies
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,8 @@ URGENT_PARALLEL = 4
 BULK = 2_000
 """A batch of changes this large (a start, a relist) makes every class's claims stale at once
 instead of being traced one change at a time."""
+RETRY = backoff.Backoff(1.0, cap=30.0)
+"""Between two tries of a lane whose posts failed (the API server refused or did not answer)."""
 
 
 class Stale(NamedTuple):
@@ -106,9 +112,16 @@ class _Done:
 
 class Explainer:
     def __init__(
-        self, view: ClusterView, reporter: Reporter, driver: str, selections: Selections
+        self,
+        view: ClusterView,
+        reporter: Reporter,
+        driver: str,
+        selections: Selections,
+        *,
+        timing: backoff.Timing = backoff.REAL,
     ) -> None:
         self.view = view
+        self.timing = timing
         self.reporter = reporter
         self.driver = driver
         self.selections = selections
@@ -130,6 +143,8 @@ class Explainer:
         self._outbox: dict[str, _Done] = {}
         self._in_flight: set[str] = set()
         self._unprepared: dict[str, _Done] = {}  # claims told DriverNotReady: told when it runs
+        self._sweeping = False  # the next pass is a new leader's first: its claims are a sweep
+        self._sweep: set[str] = set()  # claims of that sweep not explained yet
         self._due = {id(self._urgent): asyncio.Event(), id(self._outbox): asyncio.Event()}
 
     # ---- what changed ----------------------------------------------------------------------
@@ -152,11 +167,13 @@ class Explainer:
             self._node_changed(node)
 
     def restart(self) -> None:
-        """Explain every pending claim again on the next pass (this replica now leads), and
-        read what the last Event on each claim meant: another leader may have posted since."""
+        """Explain every pending claim again on the next pass (this replica now leads), in the
+        lane of the others (a sweep), and read what the last Event on each claim meant: another
+        leader may have posted since."""
         self._done.clear()
         self._clean_at = None
-        self.reporter.keep_only(set())
+        self._sweeping = True
+        self.reporter.forget()
 
     def _recount_class(self, name: str) -> None:
         self.epochs[name] += 1
@@ -302,6 +319,7 @@ class Explainer:
             del self._done[key]
         for key in set(self._names) - waiting_keys:
             del self._names[key]
+        self._sweep &= waiting_keys
         for queue in (self._urgent, self._outbox):
             for key in set(queue) - waiting_keys:
                 result = queue[key].result
@@ -336,6 +354,9 @@ class Explainer:
         if self._clean_at == view.generation:
             return  # nothing changed since every explanation was last worked out
         stale = self.stale()
+        if self._sweeping:  # a new leader's first pass: every claim waiting now is a sweep
+            self._sweeping = False
+            self._sweep = {entry.key for entry in stale}
         generation = view.generation
         reached = 0
         started = time.monotonic()
@@ -350,11 +371,13 @@ class Explainer:
             done = self._done[key] = self._explain(key, entry.waiting, entry.inputs)
             self._urgent.pop(key, None)
             self._outbox.pop(key, None)
+            urgent = entry.urgent and key not in self._sweep
+            self._sweep.discard(key)
             if done.result is not None and done.result.missing:
                 assert done.meaning is not None
                 result = done.result
                 if self.reporter.is_news(done.uid, result.reason, result.message, done.meaning):
-                    (self._urgent if entry.urgent else self._outbox)[key] = done
+                    (self._urgent if urgent else self._outbox)[key] = done
                 elif result.reason == explain.Reason.DRIVER_NOT_READY:
                     self._unprepared[key] = done  # told already: its all-clear is still due
             reached += 1
@@ -393,6 +416,10 @@ class Explainer:
     def queued(self) -> int:
         return len(self._urgent) + len(self._outbox)
 
+    def lanes(self) -> tuple[list[str], list[str]]:
+        """The claims queued in the lane of new waiting pods, and in the other one."""
+        return list(self._urgent), list(self._outbox)
+
     def drop_queue(self) -> None:
         """Post nothing queued (this replica no longer leads)."""
         self._urgent.clear()
@@ -421,15 +448,19 @@ class Explainer:
 
     async def _lane(self, queue: dict[str, _Done], parallel: int) -> NoReturn:
         due = self._due[id(queue)]
+        delays = RETRY.delays(self.timing)
         while True:
             await due.wait()
             due.clear()
             try:
                 await self._drain(queue, parallel)
             except Exception as exc:
-                log.warning("posting explanations failed (%s); trying again in 5 s", exc)
-                await asyncio.sleep(5)
+                delay = delays.next()
+                log.warning("posting explanations failed (%s); trying again in %.1f s", exc, delay)
+                await self.timing.sleep(delay)
                 due.set()
+            else:
+                delays.reset()
 
     async def _drain(self, queue: dict[str, _Done], parallel: int) -> int:
         """Post from ``queue``, ``parallel`` claims at a time, skipping claims whose earlier

@@ -11,6 +11,9 @@ job                    part                                   works on (per pass
 =====================  =====================================  =================================
 watch wiring           ``wiring.registry`` / ``watching``     Kopf ``on.event`` -> ``view.apply``
 the indexed view       ``view.ClusterView``                   (fed by the watches)
+start-up reads         ``startup.StartUp``                    its own lists at start ->
+                                                              ``view.offer``; changed claims
+                                                              whose pod is not known yet
 prepare failures       ``prepares.PrepareFailures``           its own watch of the kubelet's
                                                               Events -> the view, a counter
 metrics                ``tallies.Tally``                      changed pools, devices, classes
@@ -29,6 +32,11 @@ driver gone            ``absences.DriverGone``                nodes whose agent 
 
 A replica that becomes the leader (the loop wakes on the lease) has each leader part sweep
 everything once, then follow the changes; one that stops leading drops what it had queued.
+Nothing of the leader's runs before the start-up reads are done (``StartUp.complete``): until
+then the view may still miss classes, slices, claims or waiting pods, and an explanation or a
+check worked out on it would be posted, then changed once they are there. The metrics follow
+the view from the first pass; readiness and admission's warnings wait for the first pass after
+the start-up reads (``settled``).
 
 ``Controller.run`` runs the jobs — the lease, the passes, the posting of explanations, the
 watch of prepare failures, Kopf's health — in one TaskGroup until ``stopping`` is set: a job that
@@ -45,14 +53,14 @@ import datetime
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, NoReturn
 
 import kopf
 
 from dra_gpu import kube
 from dra_gpu.config import ControllerSettings
-from dra_gpu.controller import agents, explain, selections, wiring
+from dra_gpu.controller import agents, explain, selections, startup, wiring
 from dra_gpu.controller.absences import DriverGone
 from dra_gpu.controller.admission.webhook import Webhook
 from dra_gpu.controller.classes import ClassChecks
@@ -120,9 +128,15 @@ class Controller:
             self.wake,
             enabled=selector is not None,
         )
+        self.startup = startup.StartUp(api, self.view, self.wake)
         self._wake = asyncio.Event()
         self._leading = False
+        self._starting = False  # ``run`` started the start-up reads: the leader waits for them
         self.reconciled = 0
+        self.settled = False
+        """A pass has run over the view the start-up reads completed (or, fed by hand as in
+        tests, over whatever it holds): explanations, readiness and admission's warnings may
+        trust it."""
         self.webhook = (
             Webhook(
                 settings,
@@ -142,18 +156,20 @@ class Controller:
 
     def registry(self) -> kopf.OperatorRegistry:
         """Kopf's handlers; DeviceTaintRules watched in the version served (``discover``)."""
-        rules = self.driver_gone.version
+        rules, heard = self.driver_gone.version, self.startup.heard
         if self.webhook is None:
-            return wiring.registry(self.view, self.wake, taint_rules=rules)
-        handlers = wiring.registry(self.view, self.wake, self.webhook.server, taint_rules=rules)
+            return wiring.registry(self.view, self.wake, taint_rules=rules, heard=heard)
+        handlers = wiring.registry(
+            self.view, self.wake, self.webhook.server, taint_rules=rules, heard=heard
+        )
         self.webhook.register(handlers)
         return handlers
 
     async def warm(self, claim: Mapping[str, Any]) -> bool:
         """Work out ``claim``'s selectors on every device of this replica's view (admission,
         before ``explain_now``), taking a break every ``WARM_BREAK`` seconds; False when it
-        took longer than ``WARM_BUDGET`` (or before the first pass)."""
-        if not self.reconciled:
+        took longer than ``WARM_BUDGET`` (or before the view is settled)."""
+        if not self.settled:
             return False
         loop = asyncio.get_running_loop()
         layout = self.explainer.current_world().layout
@@ -170,8 +186,8 @@ class Controller:
 
     def explain_now(self, claim: Mapping[str, Any]) -> explain.Explanation | None:
         """``claim`` against this replica's view as of its last pass (admission's warnings);
-        None before the first pass, when the view is still filling."""
-        if not self.reconciled:
+        None until the view is settled (``settled``: it may still be filling)."""
+        if not self.settled:
             return None
         world = self.explainer.current_world()
         return explain.explain(claim, world, classes=self.view.classes, detail=False)
@@ -183,6 +199,7 @@ class Controller:
         raised. ``kopf_task``: Kopf (``wiring.watching``), whose failure ends the controller."""
         try:
             async with asyncio.TaskGroup() as jobs:
+                jobs.create_task(self.start_up(), name="start-up")
                 jobs.create_task(collector.Collector(metrics.GC_PAUSES).run_forever(), name="gc")
                 jobs.create_task(self.leader.run_forever(), name="lease")
                 jobs.create_task(self.reconcile_forever(), name="passes")
@@ -195,6 +212,12 @@ class Controller:
                 jobs.create_task(_raise_when(stopping), name="stop")
         except* _Stopped:
             pass
+
+    def start_up(self) -> Coroutine[Any, Any, None]:
+        """The start-up reads (``startup.StartUp.run``), to be run as a job; from this call
+        on, the leader explains and checks nothing until their lists are done."""
+        self._starting = True
+        return self.startup.run(self.driver_gone.version)
 
     async def reconcile_forever(self) -> NoReturn:
         while True:
@@ -217,13 +240,17 @@ class Controller:
         self.timings.update(self.view, changes, datetime.datetime.now(datetime.UTC))
         self.driver_gone.track(changes)
         self.explainer.note(changes)
+        self.startup.note(changes.claims)
         self._forget_unused(changes)
         metrics.LEADER.set(1 if self.leader.is_leader else 0)
         # The cluster-wide series, just brought up to date, are the leader's to serve: a
         # standby's page has none (sums over the replicas count each device once).
         metrics.CLUSTER_WIDE.leading = self.leader.is_leader
         leader_parts = (self.classes, self.pools, self.repair, self.driver_gone)
-        if self.leader.is_leader:
+        # Before the start-up reads are done, the view may still miss what an explanation or
+        # a check reads: the leader does nothing yet (and takes over once they are).
+        complete = not self._starting or self.startup.complete
+        if self.leader.is_leader and complete:
             if not self._leading:  # just took over: everything is news to this leader
                 self._leading = True
                 self.explainer.restart()
@@ -243,12 +270,13 @@ class Controller:
             except TimeoutError:
                 if self.leader.is_leader:
                     raise  # a request's own timeout, not the leadership's end
-        else:
+        elif not self.leader.is_leader:
             if self._leading:
                 log.info("no longer leading: explanations and checks stop")
             self._leading = False
             self.explainer.drop_queue()
         self.reconciled += 1
+        self.settled = self.settled or complete
         metrics.RECONCILES.inc()
 
     def _forget_unused(self, changes: Changes) -> None:
@@ -299,8 +327,8 @@ async def run_controller(settings: ControllerSettings, stopping: asyncio.Event) 
         async def readyz() -> tuple[bool, str]:
             if waiting is not None:
                 return False, waiting
-            if not controller.reconciled:
-                return False, "no complete pass over the cluster yet"
+            if not controller.settled:
+                return False, "no complete pass over the cluster yet (start-up lists)"
             if controller.webhook is not None:
                 return controller.webhook.serving()
             return True, "ok"

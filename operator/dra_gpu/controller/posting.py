@@ -6,27 +6,35 @@ all-clear: a claim the driver was not ready for runs). It is posted again only w
 ``meanings.Meaning`` changes — the reason, the piece, what blocks — not when a count or a list
 of holders in its words moves (``meanings.is_news``); the Event keeps the words as they were
 when it was posted, and says what it meant in an annotation (``meanings.ANNOTATION``). After a
-controller restart (or a new leader) the last Event already on the claim is read first, so an
-unchanged situation is not announced twice. ``warn`` posts one Event on any object (the class
-checks' Warnings on DeviceClasses).
+controller restart (or a new leader: ``forget``) the last Event already on each claim is read
+first, so an unchanged situation is not announced twice: all of them with one paged list of the
+controller's Events on claims (``recall``), which the first post after ``forget`` waits for —
+not one request per claim before its post, which at a thousand waiting claims was a third of
+a new leader's requests; a claim's own Events are read when that list could not be. ``warn``
+posts one Event on any object (the class checks' Warnings on DeviceClasses).
 Must not: work out what to say (``explainer`` and ``explain`` do) or what it means
 (``meanings``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import kube
 from dra_gpu.controller import meanings
-from dra_gpu.kube import events
+from dra_gpu.kube import events, watch
 from dra_gpu.resource import bodies
 from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "dra-gpu-controller"
+RECALL_PAGE = 500
+"""Events per page of ``recall``'s list."""
+Heard = dict[str, dict[str, Any]]
+"""Claim UID -> the last Event of ours on it, cut to what ``meanings.heard`` reads."""
 
 
 class Reporter:
@@ -40,11 +48,26 @@ class Reporter:
         post): an Event queued by a leader that has since stopped leading is not posted."""
         self.recorder = events.Recorder(api, COMPONENT, host)
         self._posted: dict[bodies.ClaimUID, meanings.Said] = {}  # -> what was last posted
+        self._recall: asyncio.Future[Heard | None] | None = None
+        self.recalls = 0
+        """Lists of our Events on claims so far (``recall``)."""
 
     def keep_only(self, claim_uids: set[bodies.ClaimUID]) -> None:
         """Forget claims no longer pending: if one is pending again, it is explained anew."""
         for uid in set(self._posted) - claim_uids:
             del self._posted[uid]
+        recall = self._recall
+        if recall is not None and recall.done() and not recall.cancelled():
+            heard = recall.result() if recall.exception() is None else None
+            for gone in set(heard or ()) - claim_uids:
+                assert heard is not None
+                del heard[gone]
+
+    def forget(self) -> None:
+        """Forget what was posted (this replica leads again, or for the first time): the next
+        post reads first what the last Event on each claim says, as it is now (``recall``)."""
+        self._posted.clear()
+        self._recall = None  # one under way still answers those that wait for it
 
     def is_news(
         self, claim_uid: bodies.ClaimUID, reason: str, message: str, meaning: meanings.Meaning
@@ -71,9 +94,11 @@ class Reporter:
             return False
         last = self._posted.get(uid)
         if last is None:  # new to this replica: what did the last Event on the claim say?
-            last = meanings.heard(await self._last_event(claim), meaning)
+            last = meanings.heard(await self._last_said(claim), meaning)
             if last is not None:
                 self._posted[uid] = last
+            if not self.leading():
+                return False
         if not meanings.is_news(last, reason, message, meaning):
             return False
         level = logging.WARNING if type_ == "Warning" else logging.INFO
@@ -111,6 +136,44 @@ class Reporter:
             _ref(body, kind), type_=type_, reason=reason, message=message, annotations=annotations
         )
 
+    async def recall(self) -> Heard | None:
+        """The last Event of ours on each claim, read with one paged list (once after each
+        ``forget``; concurrent callers share it); None when it could not be read."""
+        if self._recall is None:
+            self._recall = asyncio.ensure_future(self._list_heard())
+        return await asyncio.shield(self._recall)
+
+    async def _list_heard(self) -> Heard | None:
+        self.recalls += 1
+        heard: Heard = {}
+        newest: dict[str, str] = {}
+        selector = f"reportingComponent={COMPONENT},involvedObject.kind=ResourceClaim"
+        try:
+            async for page in watch.pages(
+                self.api, "/api/v1/events", RECALL_PAGE, fieldSelector=selector
+            ):
+                for event in page.get("items") or []:
+                    uid = str((event.get("involvedObject") or {}).get("uid") or "")
+                    when = str(event.get("eventTime") or event.get("lastTimestamp") or "")
+                    if uid and when >= newest.get(uid, ""):
+                        newest[uid] = when
+                        heard[uid] = _cut_event(event)
+        except kube.ApiError as exc:
+            failure: Exception = exc
+        except kube.CONNECTION_ERRORS as exc:
+            failure = exc
+        else:
+            return heard
+        log.warning("cannot list our Events on claims (%s): reading them claim by claim", failure)
+        return None
+
+    async def _last_said(self, claim: kube.Body) -> dict[str, Any] | None:
+        """The last Event of ours on ``claim``: from ``recall``'s list, else read alone."""
+        heard = await self.recall()
+        if heard is None:
+            return await self._last_event(claim)
+        return heard.pop(str(claim["metadata"].get("uid", "")), None)
+
     async def _last_event(self, claim: kube.Body) -> dict[str, Any] | None:
         """The last Event of ours on the claim (core/v1 shape), None when there is none or the
         Events cannot be read."""
@@ -125,6 +188,16 @@ class Reporter:
         ours = [e for e in listing.get("items", []) if e.get("reportingComponent") == COMPONENT]
         ours.sort(key=lambda e: e.get("eventTime") or e.get("lastTimestamp") or "")
         return dict(ours[-1]) if ours else None
+
+
+def _cut_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``meanings.heard`` reads of an Event (its annotations, reason and words)."""
+    annotations = (event.get("metadata") or {}).get("annotations") or {}
+    return {
+        "metadata": {"annotations": dict(annotations)},
+        "reason": event.get("reason", ""),
+        "message": event.get("message", event.get("note", "")),
+    }
 
 
 def _ref(body: kube.Body, kind: str) -> dict[str, str]:

@@ -18,6 +18,15 @@ change), and the agent pods on each node. A DeviceTaintRule's taint is added to 
 selects as the pools are read (``taintrules``: as the scheduler sees them), so a rule's change
 is a change of the pools it selects. It also notes what changed (``take_changes``), so a pass
 costs what changed, not what exists. Pure: no I/O, no clock.
+
+At start the controller also reads some objects itself (``startup``: its own paged lists, a
+waiting pod read by name) and ``offer``s them, so the view is complete before Kopf has handed
+over its initial listings. Kopf's stream stays the truth: a version read is taken only where the
+view holds nothing newer and Kopf has not told of a later deletion (``begin_reads`` keeps
+Kopf's deletions meanwhile), and it stands until Kopf tells a version at least as new — Kopf's
+own listing, older than the controller's read, does not undo it. Newer and older are the
+objects' resourceVersions, which clients may compare within one resource from Kubernetes 1.35
+(KEP-5504, ``resource_version``); an object without one is taken as before.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ PoolKey = tuple[str, str]
 # What is kept of each kind: field -> None (all of it) or the fields kept below it.
 _Keep = Mapping[str, "_Keep | None"]
 _KEEP: dict[str, _Keep] = {
-    "DeviceClass": {"metadata": {"name": None, "uid": None}, "spec": None},
+    "DeviceClass": {"metadata": {"name": None, "uid": None, "resourceVersion": None}, "spec": None},
     "ResourceClaim": {
         "metadata": {
             "name": None,
@@ -47,16 +56,29 @@ _KEEP: dict[str, _Keep] = {
             "resourceVersion": None,
             "creationTimestamp": None,
             "deletionTimestamp": None,
+            "ownerReferences": None,  # cut to the controller's below (``owners``)
         },
         "spec": None,
         "status": None,
     },
     "ResourceSlice": {
-        "metadata": {"name": None, "uid": None, "labels": None, "ownerReferences": None},
+        "metadata": {
+            "name": None,
+            "uid": None,
+            "resourceVersion": None,
+            "labels": None,
+            "ownerReferences": None,
+        },
         "spec": None,
     },
     "Pod": {
-        "metadata": {"name": None, "namespace": None, "uid": None, "creationTimestamp": None},
+        "metadata": {
+            "name": None,
+            "namespace": None,
+            "uid": None,
+            "resourceVersion": None,
+            "creationTimestamp": None,
+        },
         "spec": {
             "nodeName": None,
             "resourceClaims": None,
@@ -68,7 +90,7 @@ _KEEP: dict[str, _Keep] = {
         "status": {"phase": None, "resourceClaimStatuses": None},
     },
     "Node": {
-        "metadata": {"name": None, "uid": None, "labels": None},
+        "metadata": {"name": None, "uid": None, "resourceVersion": None, "labels": None},
         "spec": {"unschedulable": None, "taints": None},
         "status": {"conditions": None},  # cut to the Ready condition's type and status below
     },
@@ -98,6 +120,15 @@ def trim(kind: str, body: Mapping[str, Any]) -> Body:
             if isinstance(c, Mapping) and c.get("type") == "Ready"
         ]
         kept["status"] = {"conditions": ready}
+    elif kind == "ResourceClaim" and isinstance(kept.get("metadata"), dict):
+        refs = kept["metadata"].pop("ownerReferences", None) or []
+        controller = [
+            {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+            for r in refs
+            if isinstance(r, Mapping) and r.get("controller") is True
+        ]
+        if controller:
+            kept["metadata"]["ownerReferences"] = controller
     elif kind == "Pod":
         conditions = (body.get("status") or {}).get("conditions") or []
         ready = [
@@ -132,6 +163,16 @@ def _same(old: Body, new: Body) -> bool:
     return meta_old == meta_new and all(
         old.get(f) == new.get(f) for f in set(old) | set(new) if f != "metadata"
     )
+
+
+def resource_version(body: Mapping[str, Any]) -> int | None:
+    """``metadata.resourceVersion`` as the integer it is: from Kubernetes 1.35 (KEP-5504) the
+    versions of one resource's objects compare as integers, a later one larger. None when it is
+    absent or not a decimal integer (then nothing is compared)."""
+    version = (body.get("metadata") or {}).get("resourceVersion")
+    if isinstance(version, str) and version.isdigit():
+        return int(version)
+    return None
 
 
 def claim_names(pod: Mapping[str, Any]) -> set[str]:
@@ -216,9 +257,72 @@ class ClusterView:
         """Pod key -> the kubelet's latest prepare failure on it (``set_prepare_failure``)."""
         self._changes = Changes()
         self._seq = 0
+        # kind -> key -> the version read, until Kopf tells one as new (``offer``)
+        self._reads: dict[str, dict[str, int]] = {kind: {} for kind in KINDS}
+        # kind -> key -> Kopf's deletion, kept while the controller reads (``begin_reads``)
+        self._deleted: dict[str, dict[str, int]] | None = None
+
+    # ---- what Kopf hands over, and what the controller reads itself ------------------------
 
     def apply(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Take one watch event; returns whether the view changed (in a field it keeps)."""
+        if not self._kopf_catches_up(kind, event_type, body):
+            return False
+        return self._take(kind, event_type, body)
+
+    def begin_reads(self) -> None:
+        """The controller reads objects itself from now (``offer``): Kopf's deletions are kept
+        until ``end_reads``, so that a read older than one does not bring the object back."""
+        if self._deleted is None:
+            self._deleted = {kind: {} for kind in KINDS}
+
+    def end_reads(self) -> None:
+        """No more reads of the controller's own. The versions read still stand until Kopf
+        tells one as new (its listing of a kind may go on after its Pods are all listed)."""
+        self._deleted = None
+
+    def offer(self, kind: str, body: Mapping[str, Any]) -> bool:
+        """A version the controller read itself (between ``begin_reads`` and ``end_reads``):
+        taken as a new object, unless the view holds this version or a newer one, or Kopf told
+        of a deletion since; it then stands until Kopf tells a version at least as new. Returns
+        whether the view changed."""
+        if self._deleted is None:
+            raise RuntimeError("offer() outside begin_reads() / end_reads()")
+        name = bodies.key(body)
+        version = resource_version(body)
+        gone = self._deleted[kind].get(name)
+        if gone is not None and (version is None or version <= gone):
+            return False  # deleted after this was read
+        old = self.objects[kind].get(name)
+        if old is not None:
+            held = resource_version(old)
+            if version is None or held is None or version <= held:
+                return False  # Kopf's word, as new as this read or newer, or not comparable
+        changed = self._take(kind, "ADDED", body)
+        if version is not None and name in self.objects[kind]:
+            self._reads[kind][name] = version
+        return changed
+
+    def _kopf_catches_up(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Whether Kopf's event is taken: not when it is older than a version the controller
+        read (Kopf's listing, made before the read). A deletion is kept while reads go on."""
+        reads = self._reads[kind]
+        if not reads and self._deleted is None:
+            return True  # nothing read stands: Kopf's word, as ever
+        name = bodies.key(body)
+        version = resource_version(body)
+        if event_type == "DELETED" and version is not None and self._deleted is not None:
+            deleted = self._deleted[kind]
+            deleted[name] = max(version, deleted.get(name, version))
+        read = reads.get(name)
+        if read is None:
+            return True
+        if version is not None and version < read:
+            return False
+        del self._reads[kind][name]  # Kopf has caught up with what was read
+        return True
+
+    def _take(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
         name = bodies.key(body)
         store = self.objects[kind]
         old = store.get(name)
@@ -319,6 +423,10 @@ class ClusterView:
 
     def pending_keys(self) -> list[str]:
         return sorted(self._pending)
+
+    def is_pending(self, claim_key: str) -> bool:
+        """Whether the claim is in the view and not allocated yet."""
+        return claim_key in self._pending
 
     def pools_on_node(self, node: str) -> set[PoolKey]:
         """Pools with a device attached to ``node``."""

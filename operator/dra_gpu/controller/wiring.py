@@ -2,8 +2,9 @@
 
 Owns: the Kopf registry — one ``on.event`` handler per kind (DeviceTaintRules too, in the
 version the API server serves, when it serves one: ``absences.served_version``), each a call of
-``ClusterView.apply`` that wakes the passes when the view changed — Kopf's settings, and Kopf's
-lifetime in the process (``watching``). Event handlers are the one kind of Kopf handler that
+``ClusterView.apply`` that wakes the passes when the view changed, after telling the start-up
+what Kopf has handed over (``startup.StartUp.heard``) — Kopf's settings, and Kopf's lifetime in
+the process (``watching``). Event handlers are the one kind of Kopf handler that
 stores nothing on the objects: no annotations, no finalizers, and with ``_NoDiffBase`` no
 "last handled" state either, because Pods, ResourceClaims and DeviceClasses belong to users.
 Kopf's own event posting is off; our Events are posted by the ``Reporter``. Kopf also serves the
@@ -41,25 +42,31 @@ LIST_CHUNK = 500
 """Objects per page of Kopf's initial listings (a big cluster's Pods without a big spike)."""
 
 
+Heard = Callable[[str, str | None], None]
+"""Told of each object Kopf hands over: its kind and the event's type (None: Kopf's listing)."""
+
+
 def registry(
     view: ClusterView,
     changed: Callable[[], None],
     webhook: kopf.WebhookServer | None = None,
     *,
     taint_rules: str | None = None,
+    heard: Heard | None = None,
 ) -> kopf.OperatorRegistry:
     """Kopf's handlers: every watch event of the five kinds into ``view``; ``changed`` is
     called when the view changed (in a field it keeps). ``webhook``: Kopf serves the
     admission handlers added to the registry (``admission.handlers``) there, with no webhook
     configuration of its own (the chart's is the one). ``taint_rules``: the version of
     resource.k8s.io that serves DeviceTaintRules, watched too (None: none is; Kopf would only
-    warn of an unresolved resource, but nothing would come of it)."""
+    warn of an unresolved resource, but nothing would come of it). ``heard``: told of each
+    event first (the start-up's ``StartUp.heard``)."""
     handlers = kopf.OperatorRegistry()
     watched = list(WATCHED)
     if taint_rules is not None:
         watched.append(("resource.k8s.io", taint_rules, "devicetaintrules", "DeviceTaintRule"))
     for group, version, plural, kind in watched:
-        _feed(handlers, view, changed, group, version, plural, kind)
+        _feed(handlers, view, changed, heard, group, version, plural, kind)
 
     @kopf.on.login(registry=handlers)
     async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -89,6 +96,7 @@ def _feed(
     handlers: kopf.OperatorRegistry,
     view: ClusterView,
     changed: Callable[[], None],
+    heard: Heard | None,
     group: str,
     version: str,
     plural: str,
@@ -96,7 +104,10 @@ def _feed(
 ) -> None:
     @kopf.on.event(group, version, plural, registry=handlers)
     async def on_event(*, event: kopf.RawEvent, **_: Any) -> None:
-        if view.apply(kind, event.get("type"), event["object"]):
+        event_type = event.get("type")
+        if heard is not None:
+            heard(kind, event_type)
+        if view.apply(kind, event_type, event["object"]):
             changed()
 
 
