@@ -767,18 +767,22 @@ async def new_waiting_pod(api: kube.Kube, shape: Shape, j: int) -> Coroutine[Any
     t = time.perf_counter()
     await api.create(f"/api/v1/namespaces/{namespace}/pods", _api_pod(pod))
 
-    async def lag() -> float:
-        from dra_gpu.testing import eventually
+    return _explained_after(api, namespace, claim, t, 300, "the new waiting pod's claim")
 
-        await eventually(
-            functools.partial(explained, api, namespace, claim["metadata"]["name"]),
-            timeout=300,
-            interval=0.05,
-            what="the new waiting pod's claim explained",
-        )
-        return time.perf_counter() - t
 
-    return lag()
+async def _explained_after(
+    api: kube.Kube, namespace: str, claim: Body, t: float, within: float, what: str
+) -> float:
+    """Seconds from ``t`` (``perf_counter``) until ``claim`` has an Event of the controller."""
+    from dra_gpu.testing import eventually
+
+    await eventually(
+        functools.partial(explained, api, namespace, claim["metadata"]["name"]),
+        timeout=within,
+        interval=0.05,
+        what=f"{what} explained",
+    )
+    return time.perf_counter() - t
 
 
 async def all_explained(api: kube.Kube, claims: set[str]) -> bool:
@@ -887,18 +891,7 @@ async def template_waiting_pod(api: kube.Kube, shape: Shape, j: int) -> Coroutin
         {"status": status},
     )
 
-    async def lag() -> float:
-        from dra_gpu.testing import eventually
-
-        await eventually(
-            functools.partial(explained, api, namespace, claim["metadata"]["name"]),
-            timeout=600,
-            interval=0.05,
-            what="the waiting pod's template claim explained",
-        )
-        return time.perf_counter() - t
-
-    return lag()
+    return _explained_after(api, namespace, claim, t, 600, "the waiting pod's template claim")
 
 
 async def our_events(api: kube.Kube) -> list[Body]:
