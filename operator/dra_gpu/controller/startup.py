@@ -2,11 +2,11 @@
 
 Kopf lists each kind at start and hands the objects over one at a time, at 1-2 ms of its own
 per object: at 1,000 nodes x 8 and 20,000 pods the last DeviceClass, slice and claim came
-28 s after start, the last Pod after 50 s. A claim explained on such a view is told that no
-device fits while the slices still arrive, and told again once they are there. So every
-replica reads what an explanation reads itself, into the same view (``ClusterView.offer``),
-and the leader explains and checks nothing before these reads are done (``complete``;
-``Controller.reconcile_once``):
+28 s after start, the last Pod one to two minutes after. A claim explained on such a view is
+told that no device fits while the slices still arrive, and told again once they are there. So
+every replica reads what an explanation reads itself, into the same view
+(``ClusterView.offer``), and the leader explains and checks nothing before these reads are
+done (``complete``; ``Controller.reconcile_once``):
 
 - DeviceClasses, ResourceSlices, ResourceClaims, Nodes and DeviceTaintRules (in the version
   served, if any): one paged list of each kind;
