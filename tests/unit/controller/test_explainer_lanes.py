@@ -1,14 +1,13 @@
 """How the explanations are posted: a new leader's sweep does not hold up a new waiting pod, a
 lane whose posts fail backs off, and a new leader reads what the last Events said with one list.
 
-The Explainer and its Reporter on the fake Events server of ``test_explanation_meaning``'s kind
+The Explainer and its Reporter on the fake Events server (``tests.support.events``)
 (kept, listed back in the core/v1 shape); time is a ``FakeTime``: waits recorded, not slept.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.view import ClusterView
 from tests.support.api_servers import FakeTime
+from tests.support.events import FakeEvents
 
 DRIVER = "gpu.example.com"
 Body = dict[str, Any]
@@ -82,44 +82,10 @@ def wait(view: ClusterView, name: str) -> None:
     )
 
 
-class Events:
-    """Events kept as created and listed back (core/v1 shape) by the Reporter's selectors."""
-
-    def __init__(self) -> None:
-        self.events: list[Body] = []
-        self.lists: list[str] = []
-
-    async def create(self, path: str, body: Body) -> Body:
-        self.events.append(copy.deepcopy(body))
-        return body
-
-    async def get(self, path: str, **query: Any) -> Body:
-        selector = str(query.get("fieldSelector", ""))
-        self.lists.append(selector)
-        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
-        fields = {
-            "involvedObject.uid": lambda e: e["regarding"]["uid"],
-            "involvedObject.kind": lambda e: e["regarding"]["kind"],
-            "reportingComponent": lambda e: e["reportingController"],
-        }
-        items = [
-            {
-                "metadata": e["metadata"],
-                "involvedObject": e["regarding"],
-                "reason": e["reason"],
-                "message": e["note"],
-                "eventTime": e["eventTime"],
-            }
-            for e in self.events
-            if all(fields[f](e) == v for f, v in wanted.items())
-        ]
-        return {"items": items, "metadata": {}}
-
-
 class Failing(Reporter):
     """A Reporter whose posts fail as long as ``failures`` says (one each)."""
 
-    def __init__(self, api: Events, failures: Sequence[bool]) -> None:
+    def __init__(self, api: FakeEvents, failures: Sequence[bool]) -> None:
         super().__init__(api, "test")  # type: ignore[arg-type]
         self.failures = list(failures)
         self.tries = 0
@@ -136,7 +102,7 @@ async def test_a_new_leaders_sweep_goes_with_the_others_and_a_new_waiting_pod_be
     world(view)
     for name in ("a", "b", "c"):
         wait(view, name)
-    explainer = Explainer(view, Reporter(Events(), "test"), DRIVER, Selections())  # type: ignore[arg-type]
+    explainer = Explainer(view, Reporter(FakeEvents(), "test"), DRIVER, Selections())  # type: ignore[arg-type]
     explainer.note(view.take_changes())
     explainer.restart()  # this replica leads: what waits now is its sweep
     await explainer.explain_pending()
@@ -153,7 +119,7 @@ async def test_a_lane_whose_posts_fail_backs_off_and_a_success_resets_it() -> No
     view = ClusterView(pods_without_claims=False)
     world(view)
     wait(view, "a")
-    reporter = Failing(Events(), [True, True, False, True, False])
+    reporter = Failing(FakeEvents(), [True, True, False, True, False])
     explainer = Explainer(view, reporter, DRIVER, Selections(), timing=time.timing)
     explainer.note(view.take_changes())
     posting = asyncio.create_task(explainer.post_forever())
@@ -179,7 +145,7 @@ async def test_a_lane_whose_posts_fail_backs_off_and_a_success_resets_it() -> No
 
 
 async def test_a_new_leader_reads_what_the_last_events_meant_with_one_list() -> None:
-    api = Events()
+    api = FakeEvents()
     view = ClusterView(pods_without_claims=False)
     world(view)
     for name in ("a", "b", "c"):

@@ -23,6 +23,7 @@ from dra_gpu.controller.posting import Reporter
 from dra_gpu.controller.selections import Selections
 from dra_gpu.controller.view import ClusterView
 from dra_gpu.devices import simulated
+from tests.support.events import FakeEvents
 
 DRIVER = "gpu.example.com"
 ALL = f'device.driver == "{DRIVER}"'
@@ -324,46 +325,6 @@ def test_an_event_says_what_it_meant_by_its_annotation() -> None:
 
 
 # --- the post/skip decision ------------------------------------------------------------------
-
-
-class FakeEvents:
-    """Keeps Events as the API server would (events.k8s.io create) and lists them back in the
-    core/v1 shape, by the field selectors the controller uses (``involvedObject.uid``,
-    ``involvedObject.kind``, ``reportingComponent``), in one page."""
-
-    def __init__(self) -> None:
-        self.events: list[Body] = []
-        self.lists: list[str] = []
-        """The field selector of each list."""
-
-    async def create(self, path: str, body: Body) -> Body:
-        self.events.append(copy.deepcopy(body))
-        return body
-
-    async def get(self, path: str, **query: Any) -> Body:
-        selector = str(query.get("fieldSelector", ""))
-        self.lists.append(selector)
-        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
-        listed = [
-            {
-                "metadata": e["metadata"],
-                "involvedObject": e["regarding"],
-                "reason": e["reason"],
-                "message": e["note"],
-                "eventTime": e["eventTime"],
-                "reportingComponent": e["reportingController"],
-            }
-            for e in self.events
-        ]
-        fields = {
-            "involvedObject.uid": lambda e: e["involvedObject"]["uid"],
-            "involvedObject.kind": lambda e: e["involvedObject"]["kind"],
-            "reportingComponent": lambda e: e["reportingComponent"],
-        }
-        return {
-            "items": [e for e in listed if all(fields[f](e) == v for f, v in wanted.items())],
-            "metadata": {},
-        }
 
 
 class Cluster:
