@@ -384,6 +384,34 @@ def bookmark(rv: str) -> dict[str, Any]:
     return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rv}}}
 
 
+def initial_events_end(rv: str) -> dict[str, Any]:
+    """The bookmark that ends a watch-list's initial events, as the API server sends it."""
+    metadata = {"resourceVersion": rv, "annotations": {"k8s.io/initial-events-end": "true"}}
+    return {"type": "BOOKMARK", "object": {"metadata": metadata}}
+
+
+def watch_listed(
+    items: Sequence[dict[str, Any]],
+    rv: str,
+    *events: Any,
+    end: Literal["end", "cut", "hold"] = "hold",
+    hold: asyncio.Event | None = None,
+) -> Reply:
+    """A watch-list's answer (``sendInitialEvents=true``): ``items`` as ADDED events, the
+    bookmark that ends them at ``rv``, then ``events``, then ``end`` (held open by default)."""
+    added = tuple({"type": "ADDED", "object": item} for item in items)
+    return Reply(200, events=(*added, initial_events_end(rv), *events), end=end, hold=hold)
+
+
+def watch_list_refused() -> Reply:
+    """422 as an API server with the ``WatchList`` gate off answers a watch-list."""
+    message = (
+        'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: sendInitialEvents '
+        "is forbidden for watch unless the WatchList feature gate is enabled"
+    )
+    return Reply(422, status(422, "Invalid", message, group="meta.k8s.io", kind="ListOptions"))
+
+
 def error_event(code: int, reason: str, **details: Any) -> dict[str, Any]:
     """An ERROR event: the Status the API server ends a watch with."""
     return {"type": "ERROR", "object": status(code, reason, **details)}

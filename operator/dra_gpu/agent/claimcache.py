@@ -342,9 +342,10 @@ class ClaimCache:
 
     async def run_forever(self, api: kube.Kube) -> NoReturn:
         """List and watch this node's pods, forever, and read their claims as they say
-        (``kube.Kube.watch_forever`` watches again from where it broke, or relists after
-        ``410 Gone``; ``broken`` is called when it breaks, ``resumed`` when it is watched
-        again). The reads are tasks of this one, at most ``READS`` on the wire at once."""
+        (``kube.Kube.watch_forever`` with watch-lists: the node's pods, then their events, the
+        pods again after every break, one request each; ``broken`` is called when it breaks,
+        ``resumed`` when, on a server without watch-lists, it is watched again from where it
+        broke). The reads are tasks of this one, at most ``READS`` on the wire at once."""
         async with asyncio.TaskGroup() as reads:
 
             def start(readings: list[Reading]) -> None:
@@ -358,6 +359,7 @@ class ClaimCache:
                 on_break=self.broken,
                 on_resume=lambda: start(self.resumed()),
                 page_size=LIST_PAGE,
+                watch_list=True,
                 fieldSelector=f"spec.nodeName={self.node}",
             )
             async for kind, obj in pods:

@@ -8,6 +8,15 @@ obsolete slices deleted first, the rest replaced or created. A slice deleted or 
 someone else (the kubelet wipes a node's slices when it restarts) is noticed through a watch and
 published again; the inventory is re-read every ``resync_seconds``.
 
+What the API holds is read from that watch (a watch-list of the node's slices: ``kube.watch``),
+not asked again at each check: a check whose inventory did not change sends nothing, so a quiet
+agent costs the API server its two watches and nothing more, and an API server restart costs it
+one request per watch. The pool and the Node are read by request only where the watch cannot
+say: before its first state came, while it is broken, after a publication that failed (a
+conflict: what we hold may be old) and, for the Node, after one of our slices was deleted by
+someone else (a Node deleted and made again under the same name takes its slices with it, and
+the new slices must name the new Node's UID).
+
 Slices are never deleted on shutdown: a restarting agent must not empty the node, and a deleted
 Node takes its slices with it through their ownerReference.
 
@@ -110,6 +119,13 @@ class SlicePublisher:
         self._wake = asyncio.Event()
         self._warned_foreign: set[str] = set()
         self._other_series: tuple[str, str] | None = None
+        self._watched: dict[str, kube.Body] | None = None
+        """The node's slices (of this driver) as the watch last said, by name; None before its
+        first state and while it is broken."""
+        self._node: kube.Body | None = None
+        """The Node as last read; None: read it at the next check."""
+        self._stale = True
+        """The next check reads the slices by request (the first, or one after a failure)."""
 
     @property
     def _selector(self) -> str:
@@ -162,12 +178,29 @@ class SlicePublisher:
 
     async def publish_once(self) -> bool:
         """Bring the API in line with the inventory; True if a new generation was written."""
+        try:
+            wrote = await self._publish()
+        except Exception:
+            self._node, self._stale = None, True  # what we hold may be old: read it all again
+            raise
+        self._stale = False
+        return wrote
+
+    async def _held(self) -> tuple[kube.Body, list[kube.Body]]:
+        """The Node and the node's slices of this driver: from the watch where it can say."""
+        if self._node is None:
+            self._node = await self.api.get(f"/api/v1/nodes/{self.node}")
+        if self._watched is None or self._stale:
+            listing = await self.api.get(SLICES, fieldSelector=self._selector)
+            return self._node, list(listing.get("items", []))
+        return self._node, list(self._watched.values())
+
+    async def _publish(self) -> bool:
         self._wait = None
         inventory = await self.inventory(fresh=True)
-        node = await self.api.get(f"/api/v1/nodes/{self.node}")
+        node, held = await self._held()
         node_uid = node["metadata"]["uid"]
-        listing = await self.api.get(SLICES, fieldSelector=self._selector)
-        pool = [s for s in listing.get("items", []) if s["spec"]["pool"]["name"] == self.node]
+        pool = [s for s in held if s["spec"]["pool"]["name"] == self.node]
         ours = [s for s in pool if _is_ours(s)]
         self._warn_foreign([s for s in pool if not _is_ours(s)])
         me = self.me
@@ -316,6 +349,7 @@ class SlicePublisher:
         for name, old in existing.items():
             if name not in keep:
                 await self.api.delete(f"{SLICES}/{name}", uid=old["metadata"]["uid"])
+                self._forget(name)
         for body in wanted:
             name = body["metadata"]["name"]
             if name in existing:
@@ -332,6 +366,8 @@ class SlicePublisher:
                         f"ResourceSlice {name} exists but is not one of node {self.node}'s; "
                         "delete it or rename the node"
                     ) from exc
+        for body in written:
+            self._saw(body)
         return written
 
     def _warn_foreign(self, foreign: list[Any]) -> None:
@@ -350,13 +386,46 @@ class SlicePublisher:
 
     async def _watch_forever(self) -> None:
         # Our own writes come back here too; the check they trigger then finds nothing to do.
-        async for kind, obj in self.api.watch_forever(SLICES, fieldSelector=self._selector):
-            if kind in ("DELETED", "MODIFIED") and _is_ours(obj):
-                if kind == "DELETED":
-                    log.info(
-                        "ResourceSlice %s was deleted; publishing it again", obj["metadata"]["name"]
-                    )
+        slices_of_node = self.api.watch_forever(
+            SLICES, watch_list=True, on_break=self._watch_broke, fieldSelector=self._selector
+        )
+        async for kind, obj in slices_of_node:
+            self.seen(kind, obj)
+
+    def _watch_broke(self) -> None:
+        self._watched = None
+
+    def seen(self, kind: str, obj: kube.Body) -> None:
+        """What the slice watch said: ``SYNC`` (the node's slices now) or an event. Every
+        change of ours, and every new state, checks the pool."""
+        if kind == "SYNC":
+            self._watched = {s["metadata"]["name"]: s for s in obj.get("items") or ()}
+            self.trigger()
+        elif kind == "DELETED":
+            if self._forget(obj["metadata"]["name"]) and _is_ours(obj):
+                log.info(
+                    "ResourceSlice %s was deleted; publishing it again", obj["metadata"]["name"]
+                )
+                self._node = None  # the Node's too, perhaps: read it again
                 self.trigger()
+        elif kind in ("ADDED", "MODIFIED"):
+            self._saw(obj)
+            if kind == "MODIFIED" and _is_ours(obj):
+                self.trigger()
+
+    def _saw(self, body: kube.Body) -> None:
+        """Keeps ``body`` as the watch's copy of its slice, unless the copy is newer (a write
+        of ours answered before the watch brought an older change)."""
+        if self._watched is None:
+            return
+        name = body["metadata"]["name"]
+        held = self._watched.get(name)
+        if held is None or _version(held) <= _version(body):
+            self._watched[name] = body
+
+    def _forget(self, name: str) -> bool:
+        """Drops a slice from the watch's copy; False if it was not there (deleted by us)."""
+        return self._watched is not None and self._watched.pop(name, None) is not None
 
 
 def new_instance(pod_name: str) -> str:
@@ -391,6 +460,13 @@ def _taint_count(bodies: list[Any]) -> int:
         if isinstance(b, dict)
         for d in (b.get("spec") or {}).get("devices") or ()
     )
+
+
+def _version(body: kube.Body) -> int:
+    """A slice's resourceVersion as a number (the API server's are etcd revisions; KEP 5504
+    makes them comparable); 0 where it is not one."""
+    rv = str(body.get("metadata", {}).get("resourceVersion", ""))
+    return int(rv) if rv.isdigit() else 0
 
 
 def _generation(body: dict[str, Any]) -> int:

@@ -424,14 +424,16 @@ class Kube:
         on_break: Callable[[], None] | None = None,
         on_resume: Callable[[], None] | None = None,
         page_size: int | None = None,
+        watch_list: bool = False,
         **query: Any,
     ) -> AsyncGenerator[tuple[str, errors.Body], None]:
         """List, then watch, forever: ``("SYNC", list_body)`` after every (re)list, then
         ``(event_type, object)``; with ``page_size``, ``("PAGE", page)`` first for each page.
         A broken watch is watched again from its last resourceVersion, after a back-off
         (``policy``); only a 410 Gone lists again. ``on_break`` is called each time the watch
-        breaks, ``on_resume`` when one watched again after a break is answered. See
-        ``watch.forever``."""
+        breaks, ``on_resume`` when one watched again after a break is answered. With
+        ``watch_list``, each list is a watch-list, sent again after every break instead
+        (for a few objects: one node's). See ``watch.forever``."""
         return watch.forever(
             self,
             path,
@@ -440,6 +442,7 @@ class Kube:
             on_break=on_break,
             on_resume=on_resume,
             page_size=page_size,
+            watch_list=watch_list,
             **query,
         )
 

@@ -35,6 +35,8 @@ from tests.support.api_servers import (
     ok,
     scripted_api,
     stream,
+    watch_list_refused,
+    watch_listed,
 )
 from tests.unit.agent import rig
 
@@ -398,6 +400,11 @@ def pods_listed(*pods: dict[str, Any]) -> Reply:
     return listing(list(pods), "10")
 
 
+def pods_watched(*pods: dict[str, Any], rv: str = "10") -> Reply:
+    """The watch-list of the node's pods: ``pods``, then nothing more (held open)."""
+    return watch_listed(list(pods), rv)
+
+
 @contextlib.asynccontextmanager
 async def running(
     server: Routed, cache: ClaimCache, time: FakeTime | None = None
@@ -434,8 +441,7 @@ def at_least(items: Sequence[object], count: int) -> bool:
 async def test_only_this_nodes_pods_are_watched_and_a_pod_to_start_has_its_claim_read() -> None:
     server = Routed(
         {
-            ("GET", PODS_PATH): [pods_listed(pod())],
-            ("WATCH", PODS_PATH): [watching()],
+            ("WATCH", PODS_PATH): [pods_watched(pod())],
             ("GET", f"{CLAIMS_PATH}/c"): [ok(claim())],
         }
     )
@@ -443,12 +449,10 @@ async def test_only_this_nodes_pods_are_watched_and_a_pod_to_start_has_its_claim
     async with running(server, cache):
         body = await until("the claim's copy", lambda: cache.lookup(REF))
         assert devices(body) == ["gpu-0"]
-        await until("the watch", lambda: server.of("WATCH"))
-    (listed_,) = server.of("GET", PODS_PATH)
+    assert server.of("GET", PODS_PATH) == []  # the pods came in the watch-list
     (watch,) = server.of("WATCH")
-    assert listed_.query == {"fieldSelector": f"spec.nodeName={NODE}", "limit": "500"}
     assert watch.query["fieldSelector"] == f"spec.nodeName={NODE}"
-    assert watch.query["resourceVersion"] == "10"
+    assert watch.query["sendInitialEvents"] == "true"
     assert [r.path for r in server.requests if "resourceclaims" in r.path] == [f"{CLAIMS_PATH}/c"]
 
 
@@ -456,8 +460,12 @@ async def test_a_pod_changed_once_its_claim_is_allocated_gets_the_claim_read_aga
     allocated = asyncio.Event()
     server = Routed(
         {
+            # a server without watch-lists: listed, then watched
+            ("WATCH", PODS_PATH): [
+                watch_list_refused(),
+                watching(pod_event("MODIFIED", pod(rv="11")), hold=allocated),
+            ],
             ("GET", PODS_PATH): [pods_listed(pod())],
-            ("WATCH", PODS_PATH): [watching(pod_event("MODIFIED", pod(rv="11")), hold=allocated)],
             ("GET", f"{CLAIMS_PATH}/c"): [ok(claim(allocated=False, holders=())), ok(claim())],
         }
     )
@@ -487,8 +495,7 @@ async def test_at_most_a_few_claims_are_read_at_once() -> None:
 
     pods = [pod(f"pod-{n}", f"c{n}") for n in range(count)]
     routes: dict[tuple[str, str], Any] = {
-        ("GET", PODS_PATH): [pods_listed(*pods)],
-        ("WATCH", PODS_PATH): [watching()],
+        ("WATCH", PODS_PATH): [pods_watched(*pods)],
     }
     routes |= {("GET", f"{CLAIMS_PATH}/c{n}"): slow for n in range(count)}
     cache = ClaimCache(DRIVER, NODE)
@@ -505,8 +512,7 @@ async def test_a_prepare_waits_for_the_caches_get_on_the_wire_instead_of_sending
     answered = asyncio.Event()
     server = Routed(
         {
-            ("GET", PODS_PATH): [pods_listed(pod())],
-            ("WATCH", PODS_PATH): [watching()],
+            ("WATCH", PODS_PATH): [pods_watched(pod())],
             ("GET", f"{CLAIMS_PATH}/c"): [Reply(200, claim(), hold=answered)],
         }
     )
@@ -531,15 +537,14 @@ async def test_a_prepare_takes_over_a_read_still_waiting_for_its_slot_one_get_pe
         return Reply(200, claim(uid=f"u-{name}", name=name), hold=slots_free)
 
     routes: dict[tuple[str, str], Any] = {
-        ("GET", PODS_PATH): [pods_listed(*(pod(f"pod-{n}", n) for n in busy), pod())],
-        ("WATCH", PODS_PATH): [watching()],
+        ("WATCH", PODS_PATH): [pods_watched(*(pod(f"pod-{n}", n) for n in busy), pod())],
         ("GET", f"{CLAIMS_PATH}/c"): [ok(claim())],
     }
     routes |= {("GET", f"{CLAIMS_PATH}/{n}"): held for n in busy}
     server = Routed(routes)
     cache = ClaimCache(DRIVER, NODE)
     async with running(server, cache) as api:
-        await until("every slot taken", lambda: len(server.of("GET")) == 1 + len(busy))
+        await until("every slot taken", lambda: len(server.of("GET")) == len(busy))
         assert await cache.read(REF) is None  # queued, not on the wire: not waited for
         taken = cache.take(REF)
         assert taken is not None
@@ -559,8 +564,7 @@ async def test_a_failed_read_leaves_the_prepare_to_read_the_claim_itself() -> No
     answered = asyncio.Event()
     server = Routed(
         {
-            ("GET", PODS_PATH): [pods_listed(pod())],
-            ("WATCH", PODS_PATH): [watching()],
+            ("WATCH", PODS_PATH): [pods_watched(pod())],
             ("GET", f"{CLAIMS_PATH}/c"): [dataclasses.replace(internal_error(), hold=answered)],
         }
     )
@@ -584,21 +588,49 @@ async def test_a_watch_resumed_after_a_break_reads_again_the_claims_of_pods_stil
     server = Routed(
         {
             ("GET", PODS_PATH): [pods_listed(pod())],
-            # the stream is cut; watched again from resourceVersion 10, which the server keeps
-            ("WATCH", PODS_PATH): [stream(end="cut"), watching(hold=resumed)],
+            # a server without watch-lists; the stream is cut; watched again from
+            # resourceVersion 10, which the server keeps
+            ("WATCH", PODS_PATH): [watch_list_refused(), stream(end="cut"), watching(hold=resumed)],
             ("GET", f"{CLAIMS_PATH}/c"): current,
         }
     )
     cache = ClaimCache(DRIVER, NODE)
     time = FakeTime()
     async with running(server, cache, time):
-        await until("the break", lambda: len(server.of("WATCH")) == 2)
+        await until("the break", lambda: len(server.of("WATCH")) == 3)
         assert cache.lookup(REF) is None  # broken: not live
         resumed.set()
         body = await until("a copy read after the break", lambda: cache.lookup(REF))
         assert devices(body) == ["gpu-2"]
-    assert [r.query["resourceVersion"] for r in server.of("WATCH")] == ["10", "10"]
+    assert [r.query["resourceVersion"] for r in server.of("WATCH")[1:]] == ["10", "10"]
     assert len(server.of("GET", PODS_PATH)) == 1  # never listed again
+
+
+async def test_a_watch_list_sent_again_after_a_break_reads_again_the_claims_of_pods_to_start() -> (
+    None
+):
+    again = asyncio.Event()
+
+    def current(request: Request) -> Reply:  # what a GET reads before, and after, the break
+        return ok(claim(device="gpu-2" if again.is_set() else "gpu-0"))
+
+    server = Routed(
+        {
+            ("WATCH", PODS_PATH): [
+                watch_listed([pod()], "10", end="cut"),
+                watch_listed([pod()], "12", hold=again),
+            ],
+            ("GET", f"{CLAIMS_PATH}/c"): current,
+        }
+    )
+    cache = ClaimCache(DRIVER, NODE)
+    async with running(server, cache, FakeTime()):
+        await until("the break", lambda: len(server.of("WATCH")) == 2)
+        assert cache.lookup(REF) is None  # broken: not live
+        again.set()
+        body = await until("a copy read after the break", lambda: cache.lookup(REF))
+        assert devices(body) == ["gpu-2"]
+    assert server.of("GET", PODS_PATH) == []  # one request each time: the state and the events
 
 
 # ---- prepare with the cache ------------------------------------------------------------------

@@ -40,6 +40,8 @@ from tests.support.api_servers import (
     stream,
     too_many_requests,
     unavailable,
+    watch_list_refused,
+    watch_listed,
 )
 
 PODS = "/api/v1/pods"
@@ -405,6 +407,84 @@ async def test_watch_timeouts_are_random_between_five_and_ten_minutes() -> None:
         await collect(api.watch_forever(PODS), 2)
     assert script.of("WATCH")[0].query["timeoutSeconds"] == "375"  # 300 * (1 + 0.25)
     assert script.of("WATCH")[0].query["allowWatchBookmarks"] == "true"
+
+
+async def states_and_events(stream_: Any, count: int) -> list[tuple[str, list[str] | str]]:
+    """The first ``count`` items of a ``watch_forever``: a state (``SYNC``, ``PAGE``) as the
+    names it holds, an event as its object's name; the stream is closed after."""
+    seen: list[tuple[str, list[str] | str]] = []
+    try:
+        async for kind, obj in stream_:
+            if kind in ("SYNC", "PAGE"):
+                seen.append((kind, [item["metadata"]["name"] for item in obj["items"]]))
+            else:
+                seen.append((kind, obj["metadata"]["name"]))
+            if len(seen) == count:
+                break
+    finally:
+        await stream_.aclose()
+    return seen
+
+
+def named(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+async def test_a_watch_list_sends_the_state_then_events_and_after_any_break_the_state_again() -> (
+    None
+):
+    time = FakeTime()
+    script = Script(
+        WATCH=[
+            watch_listed([named("a", "5")], "6", event("MODIFIED", "b", "7"), end="cut"),
+            unavailable(),  # 503, no Retry-After
+            watch_listed([named("a", "5"), named("b", "7")], "8", end="end"),  # at once: broke
+            watch_listed([named("b", "7")], "9"),
+        ]
+    )
+    calls: list[str] = []
+    async with scripted_api(script, timing=time.timing) as api:
+        seen = await states_and_events(
+            api.watch_forever(
+                PODS,
+                watch_list=True,
+                on_break=lambda: calls.append("break"),
+                on_resume=lambda: calls.append("resume"),
+            ),
+            4,
+        )
+    assert seen == [("SYNC", ["a"]), ("MODIFIED", "b"), ("SYNC", ["a", "b"]), ("SYNC", ["b"])]
+    assert script.of("GET") == []  # never a list, never a watch from an old resourceVersion
+    for request in script.of("WATCH"):
+        assert request.query["sendInitialEvents"] == "true"
+        assert request.query["resourceVersionMatch"] == "NotOlderThan"
+        assert request.query.get("resourceVersion", "") == ""  # the newest state
+        assert request.query["allowWatchBookmarks"] == "true"
+    assert calls == ["break"] * 3  # nothing resumed: every state is whole
+    assert time.slept == pytest.approx([1.2, 2.4, 4.8])  # the same back-off as a watch's
+
+
+async def test_a_watch_lists_state_comes_in_pages_when_asked() -> None:
+    script = Script(WATCH=[watch_listed([named(n, "5") for n in "abc"], "6")])
+    async with scripted_api(script, timing=FakeTime().timing) as api:
+        seen = await states_and_events(api.watch_forever(PODS, watch_list=True, page_size=2), 3)
+    assert seen == [("PAGE", ["a", "b"]), ("PAGE", ["c"]), ("SYNC", [])]
+
+
+async def test_a_server_that_refuses_watch_lists_is_listed_and_watched_instead() -> None:
+    time = FakeTime()
+    script = Script(
+        GET=[listing([named("a", "5")], "5")],
+        WATCH=[watch_list_refused(), stream(event("ADDED", "b", "6"), end="hold")],
+    )
+    async with scripted_api(script, timing=time.timing) as api:
+        seen = await states_and_events(api.watch_forever(PODS, watch_list=True), 2)
+    assert seen == [("SYNC", ["a"]), ("ADDED", "b")]
+    refused, watched = script.of("WATCH")
+    assert refused.query["sendInitialEvents"] == "true"
+    assert "sendInitialEvents" not in watched.query
+    assert watched.query["resourceVersion"] == "5"
+    assert time.slept == []
 
 
 # ---- 5. Every list paged ----------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""The slice publisher's reads: what the API holds comes from its watch of the node's slices, so
+that a check whose inventory did not change sends nothing; the Node and the slices are read by
+request only where the watch cannot say (before its first state, after a publication that
+failed) and the Node again after someone else deleted one of our slices. Against a scripted API
+that keeps a Node and ResourceSlices as the API server does (resourceVersions, 409 on a stale
+one); the watch's items are handed to ``SlicePublisher.seen`` as the watch yields them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from dra_gpu.agent.publisher import SLICES, SlicePublisher
+from dra_gpu.devices import simulated
+from tests.support.api_servers import scripted_api, status
+
+DRIVER = "gpu.example.com"
+NODE = "node-01"
+NODE_PATH = f"/api/v1/nodes/{NODE}"
+PROFILE = simulated.parse_profile(f"nodes: {{{NODE}: {{devices: [{{memory: 24Gi}}]}}}}")
+
+
+class NodeAndSlices:
+    """A Node and the ResourceSlices of an API server: every write gets a new resourceVersion,
+    a replace of an old one is refused 409, as the API server refuses it."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+        self.node: dict[str, Any] = {"metadata": {"name": NODE, "uid": "node-uid-1"}}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.rv = 100
+
+    def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if path == NODE_PATH:
+            return 200, self.node
+        if path == SLICES and method == "GET":
+            return 200, {"metadata": {"resourceVersion": str(self.rv)}, "items": self.listed()}
+        if path == SLICES and method == "POST":
+            return 201, self.store(body)
+        name = path.rsplit("/", 1)[1]
+        held = self.slices.get(name)
+        if held is None:
+            return 404, status(404, "NotFound", f'resourceslices "{name}" not found')
+        if method == "DELETE":
+            return 200, self.slices.pop(name)
+        if body["metadata"]["resourceVersion"] != held["metadata"]["resourceVersion"]:
+            message = f'Operation cannot be fulfilled on resourceslices "{name}"'
+            return 409, status(409, "Conflict", message)
+        return 200, self.store(body)
+
+    def store(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        stored = copy.deepcopy(body)
+        stored["metadata"]["resourceVersion"] = str(self.rv)
+        stored["metadata"].setdefault("uid", f"uid-{stored['metadata']['name']}")
+        self.slices[stored["metadata"]["name"]] = stored
+        return copy.deepcopy(stored)
+
+    def listed(self) -> list[dict[str, Any]]:
+        return [copy.deepcopy(s) for s in self.slices.values()]
+
+    def sent(self, since: int = 0) -> list[tuple[str, str]]:
+        return [(method, path) for method, path, _ in self.requests[since:]]
+
+
+def publisher(api: Any) -> SlicePublisher:
+    return SlicePublisher(api, simulated.SimulatedBackend(PROFILE, NODE), driver=DRIVER, node=NODE)
+
+
+async def test_a_check_that_finds_nothing_changed_sends_nothing_once_the_watch_has_the_pool() -> (
+    None
+):
+    fake = NodeAndSlices()
+    async with scripted_api(fake) as api:
+        pub = publisher(api)
+        assert await pub.publish_once()
+        assert fake.sent() == [("GET", NODE_PATH), ("GET", SLICES), ("POST", SLICES)]
+        before = len(fake.requests)
+        assert not await pub.publish_once()  # the watch has said nothing yet: listed
+        assert fake.sent(before) == [("GET", SLICES)]
+        pub.seen("SYNC", {"items": fake.listed()})
+        before = len(fake.requests)
+        for _ in range(3):
+            assert not await pub.publish_once()
+        assert fake.sent(before) == []
+
+
+async def test_a_slice_deleted_by_someone_else_is_published_again_under_the_nodes_new_uid() -> None:
+    fake = NodeAndSlices()
+    async with scripted_api(fake) as api:
+        pub = publisher(api)
+        await pub.publish_once()
+        pub.seen("SYNC", {"items": fake.listed()})
+        # The Node deleted and made again under its name: the garbage collector takes the slices.
+        fake.node = {"metadata": {"name": NODE, "uid": "node-uid-2"}}
+        for gone in fake.listed():
+            del fake.slices[gone["metadata"]["name"]]
+            pub.seen("DELETED", gone)
+        before = len(fake.requests)
+        assert await pub.publish_once()
+        assert fake.sent(before) == [("GET", NODE_PATH), ("POST", SLICES)]  # no list: watched
+    owners = {o["uid"] for s in fake.listed() for o in s["metadata"]["ownerReferences"]}
+    assert owners == {"node-uid-2"}
+
+
+async def test_after_a_publication_that_failed_the_next_check_reads_everything_again() -> None:
+    fake = NodeAndSlices()
+    async with scripted_api(fake) as api:
+        pub = publisher(api)
+        await pub.publish_once()
+        pub.seen("SYNC", {"items": fake.listed()})
+        (name,) = fake.slices
+        # Someone empties our slice twice; the watch has brought only the first edit so far.
+        fake.slices[name]["spec"]["devices"] = []
+        edited = fake.store(fake.slices[name])
+        pub.seen("MODIFIED", edited)
+        fake.store(fake.slices[name])
+        with pytest.raises(Exception, match="409"):
+            await pub.publish_once()  # replaced at the resourceVersion the watch said: refused
+        before = len(fake.requests)
+        assert await pub.publish_once()
+        replaced = ("PUT", f"{SLICES}/{name}")
+        assert fake.sent(before) == [("GET", NODE_PATH), ("GET", SLICES), replaced]
+        assert fake.slices[name]["spec"]["devices"]  # put right
+
+
+async def test_an_older_event_does_not_undo_what_a_write_of_ours_answered() -> None:
+    fake = NodeAndSlices()
+    async with scripted_api(fake) as api:
+        pub = publisher(api)
+        await pub.publish_once()
+        pub.seen("SYNC", {"items": fake.listed()})
+        (name,) = fake.slices
+        stale = fake.listed()[0]
+        fake.slices[name]["spec"]["devices"] = []
+        pub.seen("MODIFIED", fake.store(fake.slices[name]))
+        assert await pub.publish_once()  # put right: the answer's resourceVersion is kept
+        pub.seen("MODIFIED", stale)  # the watch, late, with a version older than our write
+        before = len(fake.requests)
+        assert not await pub.publish_once()
+        assert fake.sent(before) == []
