@@ -252,6 +252,16 @@ class ControllerSettings:
     20 s instead of sending them at once."""
     api_burst: int = 100
     """Requests sent at once before ``api_qps`` applies (kube-scheduler's default)."""
+    event_qps: float = 100.0
+    """Client-side rate limit of the controller's Events (the explanations, the class checks'
+    Warnings, and the reads of Events they need), a bucket of their own beside ``api_qps``'s,
+    as kube-scheduler keeps a client of its own for its Events: a backlog of explanations
+    (a new leader's first pass over a thousand waiting claims) neither waits behind the
+    controller's other requests nor holds them up. Twice kube-scheduler's 50, because an
+    explanation is two Events (the claim's and its pod's) where the scheduler posts one per
+    pod; 0: no limit."""
+    event_burst: int = 200
+    """Events sent at once before ``event_qps`` applies."""
     webhook_port: int = 0
     """HTTPS listener of the admission webhook on every replica (0: no admission)."""
     webhook_cert_dir: Path | None = None
@@ -275,6 +285,7 @@ class ControllerSettings:
 
     def __post_init__(self) -> None:
         _check_rate_limit(self.api_qps, self.api_burst)
+        _check_rate_limit(self.event_qps, self.event_burst, "event")
         if self.driver_gone_seconds < 0:
             raise ValueError(
                 f"driver gone seconds must be at least 0, got {self.driver_gone_seconds}"
@@ -285,17 +296,18 @@ class ControllerSettings:
             raise ValueError(f"webhook port must be 0-65535, got {self.webhook_port}")
 
 
-def _check_rate_limit(qps: float, burst: int) -> None:
-    """``api_qps`` at least 0 (0: no limit) and, with a limit, ``api_burst`` at least 1."""
+def _check_rate_limit(qps: float, burst: int, of: str = "api") -> None:
+    """``<of>_qps`` at least 0 (0: no limit) and, with a limit, ``<of>_burst`` at least 1."""
+    qps_field, burst_field = f"{of}_qps", f"{of}_burst"
     if qps < 0:
         raise ValueError(
-            f"{flag_name('api_qps')} / {env_name('api_qps')}: {qps:g} requests a second; "
+            f"{flag_name(qps_field)} / {env_name(qps_field)}: {qps:g} requests a second; "
             "use 0 for no client-side limit, or a positive number"
         )
     if qps > 0 and burst < 1:
         raise ValueError(
-            f"{flag_name('api_burst')} / {env_name('api_burst')}: a burst of {burst} would "
-            f"never send a request; at least 1 (with {flag_name('api_qps')} {qps:g})"
+            f"{flag_name(burst_field)} / {env_name(burst_field)}: a burst of {burst} would "
+            f"never send a request; at least 1 (with {flag_name(qps_field)} {qps:g})"
         )
 
 

@@ -145,10 +145,10 @@ def test_full_values_reach_the_settings() -> None:
 
 
 def test_the_api_rate_limits_reach_both_components() -> None:
-    for values, agent_limit, controller_limit in (
-        ((), (50.0, 100), (50.0, 100)),  # the defaults: the kubelet's; kube-scheduler's
-        (("--values", str(FULL_VALUES)), (0.0, 1), (75.5, 150)),  # qps 0: no limit
-        (("--set", "agent.api.qps=5"), (5.0, 100), (50.0, 100)),  # one key: the other stays
+    for values, agent_limit, controller_limit, events_limit in (
+        ((), (50.0, 100), (50.0, 100), (100.0, 200)),  # the kubelet's; kube-scheduler's; twice
+        (("--values", str(FULL_VALUES)), (0.0, 1), (75.5, 150), (0.0, 1)),  # qps 0: no limit
+        (("--set", "agent.api.qps=5"), (5.0, 100), (50.0, 100), (100.0, 200)),  # one key
     ):
         docs = render(*values)
         agent = settings_from_env(config.AgentSettings, env_of(find(docs, "DaemonSet"), DOWNWARD))
@@ -157,6 +157,7 @@ def test_the_api_rate_limits_reach_both_components() -> None:
         )
         assert (agent.api_qps, agent.api_burst) == agent_limit, values
         assert (controller.api_qps, controller.api_burst) == controller_limit, values
+        assert (controller.event_qps, controller.event_burst) == events_limit, values
 
 
 def test_nvml_sharing_reaches_the_agent_as_its_shared_gpus_setting() -> None:

@@ -110,7 +110,10 @@ class Controller:
             identity=identity,
             lease_seconds=settings.lease_seconds,
         )
-        self.reporter = Reporter(api, identity, lambda: self.leader.is_leader)
+        events_api = api.limited(
+            settings.event_qps, settings.event_burst, "--event-qps, --event-burst"
+        )
+        self.reporter = Reporter(events_api, identity, lambda: self.leader.is_leader)
         self.selections = Selections()
         self.tally = Tally(self.driver, self.selections)
         self.timings = PodTimings()

@@ -155,6 +155,25 @@ class Kube:
             limiter=throttling.TokenBucket(qps, max(burst, 1)) if qps > 0 else None,
         )
 
+    def limited(self, qps: float, burst: int, flags: str) -> Kube:
+        """This client with a rate limit of its own (``qps`` 0: none; ``flags`` set it, for the
+        log): the same connections, credentials and observer, as client-go's second clientset
+        from one rest config (the one kube-scheduler keeps for its Events). Closing the
+        original closes both."""
+        limiter = (
+            throttling.TokenBucket(qps, max(burst, 1), self.timing, flags) if qps > 0 else None
+        )
+        return Kube(
+            self.http,
+            self.authorization,
+            self.origin,
+            self.namespace,
+            self.proxy_source,
+            self.observer,
+            limiter=limiter,
+            timing=self.timing,
+        )
+
     @property
     def server(self) -> str:
         return self.http.url

@@ -29,13 +29,21 @@ its throttled logger speaks at 1 s), so that a limit set too low shows in the lo
 class TokenBucket:
     """At most ``burst`` requests at once and ``qps`` a second on average."""
 
-    def __init__(self, qps: float, burst: int, timing: backoff.Timing = backoff.REAL) -> None:
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        timing: backoff.Timing = backoff.REAL,
+        flags: str = "--api-qps, --api-burst",
+    ) -> None:
         if qps <= 0 or burst < 1:
             raise ValueError(
                 f"a rate limit of {qps:g} requests a second with a burst of {burst}: both must "
                 "be positive (no limit at all: no TokenBucket)"
             )
         self.qps, self.burst, self.timing = qps, burst, timing
+        self.flags = flags
+        """The settings that set this limit, for the log."""
         self.waited_seconds = 0.0
         """How long requests waited for a token, in all."""
         self._tokens = float(burst)
@@ -59,9 +67,10 @@ class TokenBucket:
         if delay >= LONG_WAIT:
             log.info(
                 "waited %.1f s before sending a request: client-side rate limit of %g requests "
-                "a second, burst %d (--api-qps, --api-burst)",
+                "a second, burst %d (%s)",
                 delay,
                 self.qps,
                 self.burst,
+                self.flags,
             )
         return delay

@@ -187,6 +187,24 @@ async def test_every_request_but_a_watch_waits_for_the_rate_limit() -> None:
     assert limiter.waited_seconds == pytest.approx(0.4)
 
 
+async def test_a_client_limited_apart_has_its_own_bucket_over_the_same_connections() -> None:
+    time = FakeTime()
+    limiter = throttling.TokenBucket(qps=5, burst=1, timing=time.timing)
+    script = Script(GET=[ok({})], POST=[ok({})])
+    async with scripted_api(script, timing=time.timing, limiter=limiter) as api:
+        events = api.limited(10, 2, "--event-qps, --event-burst")
+        assert events.limiter is not None
+        assert events.limiter.flags.startswith("--event-qps")
+        await api.get("/api/v1/nodes/a")  # the main bucket's one token
+        for _ in range(3):
+            await events.create("/api/v1/namespaces/ns/events", {})  # 2 at once, then 10/s
+        assert time.slept == pytest.approx([0.1])
+        await api.get("/api/v1/nodes/a")  # waits for its own bucket only
+        assert time.slept == pytest.approx([0.1, 0.1])  # 0.2 s after the first, 0.1 s passed
+        assert events.http is api.http
+        assert api.limited(0, 0, "").limiter is None  # 0: no limit
+
+
 async def test_connect_sets_the_rate_limit_and_zero_turns_it_off(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -212,6 +230,9 @@ def test_the_rate_limit_settings_default_per_process_and_come_from_flags_or_env(
     assert (defaults.api_qps, defaults.api_burst) == (50.0, 100)
     controller = config.ControllerSettings()
     assert (controller.api_qps, controller.api_burst) == (50.0, 100)
+    assert (controller.event_qps, controller.event_burst) == (100.0, 200)  # Events apart
+    with pytest.raises(ValueError, match="--event-burst / DRA_GPU_EVENT_BURST: a burst of 0"):
+        config.ControllerSettings(event_burst=0)
     with pytest.raises(ValueError, match="--api-burst / DRA_GPU_API_BURST: a burst of 0"):
         config.ControllerSettings(api_burst=0)
     with pytest.raises(ValueError, match="--api-qps / DRA_GPU_API_QPS: -1 requests"):
