@@ -23,12 +23,13 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, NoReturn, cast
 
 import kopf
 
 from dra_gpu.controller.view import ClusterView
+from dra_gpu.kube import backoff
 
 log = logging.getLogger(__name__)
 WATCHED = (
@@ -40,6 +41,24 @@ WATCHED = (
 )
 LIST_CHUNK = 500
 """Objects per page of Kopf's initial listings (a big cluster's Pods without a big spike)."""
+KOPF_RETRY = backoff.Backoff(duration=1.0, cap=8.0, jitter=0.5)
+"""Between Kopf's tries of a failed API request: 1 s doubling, each up to half again."""
+KOPF_RETRIES = 3
+"""Tries after the first, as Kopf was told before (1, 2, 5 s)."""
+
+
+class _Retries:
+    """Kopf's ``settings.networking.error_backoffs`` on the package's back-off: Kopf iterates
+    it anew for every request, so each request draws its own jitter (a fixed list would send
+    every replica's retries at the same moments); Kopf waits at least what the server asked
+    for (``Retry-After``)."""
+
+    def __len__(self) -> int:
+        return KOPF_RETRIES
+
+    def __iter__(self) -> Iterator[float]:
+        delays = KOPF_RETRY.delays()
+        return iter([delays.next() for _ in range(KOPF_RETRIES)])
 
 
 Heard = Callable[[str, str | None], None]
@@ -85,7 +104,7 @@ def registry(
             per_object.setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
-        settings.networking.error_backoffs = [1, 2, 5]
+        settings.networking.error_backoffs = _Retries()
         settings.admission.server = webhook
         settings.admission.managed = None
 

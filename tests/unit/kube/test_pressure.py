@@ -19,6 +19,7 @@ import pytest
 from dra_gpu import config, kube
 from dra_gpu.agent import cdi, commits, runner, status
 from dra_gpu.agent.claims import ClaimRef
+from dra_gpu.controller import wiring
 from dra_gpu.kube import backoff, retries, throttling, transport, watch
 from dra_gpu.resource import bodies
 from dra_gpu.testing import eventually
@@ -253,6 +254,16 @@ def test_the_back_off_doubles_to_its_cap_and_its_jitter_never_compounds() -> Non
     assert [drawn.next() for _ in range(3)] == pytest.approx([1.2, 2.4, 4.8])
     steps = backoff.Backoff(duration=1, factor=3, jitter=0, steps=2).delays()
     assert [steps.next() for _ in range(4)] == [1, 3, 9, 9]  # grows twice, then stays
+
+
+def test_kopfs_retries_of_a_failed_request_are_on_the_back_off_drawn_anew_per_request() -> None:
+    retries_ = wiring._Retries()
+    assert len(retries_) == 3  # Kopf counts the tries it logs from this
+    drawn = [list(retries_) for _ in range(20)]  # Kopf iterates it once per request
+    for delays in drawn:
+        for delay, base in zip(delays, (1.0, 2.0, 4.0), strict=True):
+            assert base <= delay <= 1.5 * base
+    assert len({tuple(d) for d in drawn}) > 1  # each request its own jitter
 
 
 async def test_the_back_off_starts_over_after_two_quiet_minutes() -> None:
