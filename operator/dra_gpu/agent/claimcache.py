@@ -71,6 +71,7 @@ from dra_gpu.agent import podclaims
 from dra_gpu.agent.claims import ClaimRef
 from dra_gpu.agent.podclaims import ClaimKey, NodePods
 from dra_gpu.resource import bodies
+from dra_gpu.serving import metrics
 
 log = logging.getLogger(__name__)
 
@@ -255,13 +256,13 @@ class ClaimCache:
         read before it counts. The claims to read: those of the pods still to start."""
         self.pods, self._next = self._next or NodePods(), None
         self._forget(self._kept())
-        self.live = True
+        self._set_live(True)
         return self._to_read(self.pods.starting())
 
     def broken(self) -> None:
         """The watch broke (or a list failed half way): nothing is used until the next complete
         list or a watch resumed, and nothing read before counts then."""
-        self.live = False
+        self._set_live(False)
         self._next = None
         self._forget(self._kept())
 
@@ -270,8 +271,12 @@ class ClaimCache:
         coming, in order. The copies read before the break went with it; the cache is live with
         what is read from now on: the claims of the pods still to start, as far as the pods
         known say (the events to come may add some)."""
-        self.live = True
+        self._set_live(True)
         return self._to_read(self.pods.starting())
+
+    def _set_live(self, live: bool) -> None:
+        self.live = live
+        metrics.WATCH_LIVE.labels("pods").set(1 if live else 0)
 
     def apply(self, kind: str, pod: kube.Body) -> list[Reading]:
         """One watch event (ADDED, MODIFIED, DELETED) of a pod of this node; the claims to read

@@ -394,12 +394,14 @@ class SlicePublisher:
 
     def _watch_broke(self) -> None:
         self._watched = None
+        metrics.WATCH_LIVE.labels("resourceslices").set(0)
 
     def seen(self, kind: str, obj: kube.Body) -> None:
         """What the slice watch said: ``SYNC`` (the node's slices now) or an event. Every
         change of ours, and every new state, checks the pool."""
         if kind == "SYNC":
             self._watched = {s["metadata"]["name"]: s for s in obj.get("items") or ()}
+            metrics.WATCH_LIVE.labels("resourceslices").set(1)
             self.trigger()
         elif kind == "DELETED":
             if self._forget(obj["metadata"]["name"]) and _is_ours(obj):

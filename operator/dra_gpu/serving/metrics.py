@@ -150,6 +150,13 @@ CLAIM_READS = Counter(
     ["source"],
     registry=AGENT,
 )
+WATCH_LIVE = Gauge(
+    "dra_gpu_watch_live",
+    "1 while the agent's watch of its node's objects has their state and is open (pods: the "
+    "claim cache's; resourceslices: the publisher's), 0 while it is broken or not synced yet.",
+    ["resource"],
+    registry=AGENT,
+)
 STATUS_WRITES_PENDING = Gauge(
     "dra_gpu_status_writes_pending",
     "ResourceClaim status.devices writes not done yet (waiting to coalesce, in flight, or to "
@@ -253,6 +260,8 @@ for _result in RESULTS:
     SLICE_PUBLICATIONS.labels(_result)
 for _source in ("cache", "api"):
     CLAIM_READS.labels(_source)
+for _watched in ("pods", "resourceslices"):
+    WATCH_LIVE.labels(_watched)
 
 # --- controller ---------------------------------------------------------------------------------
 

@@ -627,9 +627,11 @@ async def test_a_watch_list_sent_again_after_a_break_reads_again_the_claims_of_p
     async with running(server, cache, FakeTime()):
         await until("the break", lambda: len(server.of("WATCH")) == 2)
         assert cache.lookup(REF) is None  # broken: not live
+        assert watch_live() == 0
         again.set()
         body = await until("a copy read after the break", lambda: cache.lookup(REF))
         assert devices(body) == ["gpu-2"]
+        assert watch_live() == 1
     assert server.of("GET", PODS_PATH) == []  # one request each time: the state and the events
 
 
@@ -644,6 +646,10 @@ class CountedClaimsApi(rig.ClaimsApi):
     async def get(self, path: str) -> dict[str, Any]:
         self.gets += 1
         return await super().get(path)
+
+
+def watch_live() -> float | None:
+    return metrics.AGENT.get_sample_value("dra_gpu_watch_live", {"resource": "pods"})
 
 
 def claim_reads(source: str) -> float:

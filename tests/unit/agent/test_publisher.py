@@ -14,11 +14,13 @@ import pytest
 
 from dra_gpu.agent.publisher import SLICES, SlicePublisher
 from dra_gpu.devices import simulated
+from dra_gpu.serving import metrics
 from tests.support.api_servers import scripted_api, status
 
 DRIVER = "gpu.example.com"
 NODE = "node-01"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
+SLICE_KIND = "resourceslices"
 PROFILE = simulated.parse_profile(f"nodes: {{{NODE}: {{devices: [{{memory: 24Gi}}]}}}}")
 
 
@@ -81,6 +83,7 @@ async def test_a_check_that_finds_nothing_changed_sends_nothing_once_the_watch_h
         assert not await pub.publish_once()  # the watch has said nothing yet: listed
         assert fake.sent(before) == [("GET", SLICES)]
         pub.seen("SYNC", {"items": fake.listed()})
+        assert metrics.AGENT.get_sample_value("dra_gpu_watch_live", {"resource": SLICE_KIND}) == 1
         before = len(fake.requests)
         for _ in range(3):
             assert not await pub.publish_once()
