@@ -465,8 +465,8 @@ def _taint_count(bodies: list[Any]) -> int:
 
 
 def _version(body: kube.Body) -> int:
-    """A slice's resourceVersion as a number (the API server's are etcd revisions; KEP 5504
-    makes them comparable); 0 where it is not one."""
+    """A slice's resourceVersion as a number (kube-apiserver's are etcd revisions, which only
+    grow); 0 where it is not one (then the newer copy is whichever came last)."""
     rv = str(body.get("metadata", {}).get("resourceVersion", ""))
     return int(rv) if rv.isdigit() else 0
 
