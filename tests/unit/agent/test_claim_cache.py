@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -434,6 +434,16 @@ async def until(what: str, probe: Any) -> Any:
     return await eventually(probe, timeout=10, interval=0.005, what=what)
 
 
+def claim_moved_once(moved: asyncio.Event) -> Callable[[Request], Reply]:
+    """GETs of the claim: on gpu-0, then on gpu-2 once ``moved`` is set (what a read before a
+    watch's break gives, and one after it)."""
+
+    def current(request: Request) -> Reply:
+        return ok(claim(device="gpu-2" if moved.is_set() else "gpu-0"))
+
+    return current
+
+
 def at_least(items: Sequence[object], count: int) -> bool:
     return len(items) >= count
 
@@ -581,17 +591,13 @@ async def test_a_watch_resumed_after_a_break_reads_again_the_claims_of_pods_stil
     None
 ):
     resumed = asyncio.Event()
-
-    def current(request: Request) -> Reply:  # what a GET reads before, and after, the break
-        return ok(claim(device="gpu-2" if resumed.is_set() else "gpu-0"))
-
     server = Routed(
         {
             ("GET", PODS_PATH): [pods_listed(pod())],
             # a server without watch-lists; the stream is cut; watched again from
             # resourceVersion 10, which the server keeps
             ("WATCH", PODS_PATH): [watch_list_refused(), stream(end="cut"), watching(hold=resumed)],
-            ("GET", f"{CLAIMS_PATH}/c"): current,
+            ("GET", f"{CLAIMS_PATH}/c"): claim_moved_once(resumed),
         }
     )
     cache = ClaimCache(DRIVER, NODE)
@@ -610,17 +616,13 @@ async def test_a_watch_list_sent_again_after_a_break_reads_again_the_claims_of_p
     None
 ):
     again = asyncio.Event()
-
-    def current(request: Request) -> Reply:  # what a GET reads before, and after, the break
-        return ok(claim(device="gpu-2" if again.is_set() else "gpu-0"))
-
     server = Routed(
         {
             ("WATCH", PODS_PATH): [
                 watch_listed([pod()], "10", end="cut"),
                 watch_listed([pod()], "12", hold=again),
             ],
-            ("GET", f"{CLAIMS_PATH}/c"): current,
+            ("GET", f"{CLAIMS_PATH}/c"): claim_moved_once(again),
         }
     )
     cache = ClaimCache(DRIVER, NODE)

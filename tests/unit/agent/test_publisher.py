@@ -60,6 +60,11 @@ class NodeAndSlices:
         self.slices[stored["metadata"]["name"]] = stored
         return copy.deepcopy(stored)
 
+    def emptied(self, name: str) -> dict[str, Any]:
+        """Someone else's edit of slice ``name``: its devices gone; the slice as stored."""
+        self.slices[name]["spec"]["devices"] = []
+        return self.store(self.slices[name])
+
     def listed(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(s) for s in self.slices.values()]
 
@@ -69,6 +74,14 @@ class NodeAndSlices:
 
 def publisher(api: Any) -> SlicePublisher:
     return SlicePublisher(api, simulated.SimulatedBackend(PROFILE, NODE), driver=DRIVER, node=NODE)
+
+
+async def published(api: Any, fake: NodeAndSlices) -> SlicePublisher:
+    """A publisher that has published the pool once, and whose watch has said so since."""
+    pub = publisher(api)
+    await pub.publish_once()
+    pub.seen("SYNC", {"items": fake.listed()})
+    return pub
 
 
 async def test_a_check_that_finds_nothing_changed_sends_nothing_once_the_watch_has_the_pool() -> (
@@ -93,9 +106,7 @@ async def test_a_check_that_finds_nothing_changed_sends_nothing_once_the_watch_h
 async def test_a_slice_deleted_by_someone_else_is_published_again_under_the_nodes_new_uid() -> None:
     fake = NodeAndSlices()
     async with scripted_api(fake) as api:
-        pub = publisher(api)
-        await pub.publish_once()
-        pub.seen("SYNC", {"items": fake.listed()})
+        pub = await published(api, fake)
         # The Node deleted and made again under its name: the garbage collector takes the slices.
         fake.node = {"metadata": {"name": NODE, "uid": "node-uid-2"}}
         for gone in fake.listed():
@@ -111,15 +122,11 @@ async def test_a_slice_deleted_by_someone_else_is_published_again_under_the_node
 async def test_after_a_publication_that_failed_the_next_check_reads_everything_again() -> None:
     fake = NodeAndSlices()
     async with scripted_api(fake) as api:
-        pub = publisher(api)
-        await pub.publish_once()
-        pub.seen("SYNC", {"items": fake.listed()})
+        pub = await published(api, fake)
         (name,) = fake.slices
-        # Someone empties our slice twice; the watch has brought only the first edit so far.
-        fake.slices[name]["spec"]["devices"] = []
-        edited = fake.store(fake.slices[name])
-        pub.seen("MODIFIED", edited)
-        fake.store(fake.slices[name])
+        # Someone edits our slice twice; the watch has brought only the first edit so far.
+        pub.seen("MODIFIED", fake.emptied(name))
+        fake.emptied(name)
         with pytest.raises(Exception, match="409"):
             await pub.publish_once()  # replaced at the resourceVersion the watch said: refused
         before = len(fake.requests)
@@ -132,13 +139,10 @@ async def test_after_a_publication_that_failed_the_next_check_reads_everything_a
 async def test_an_older_event_does_not_undo_what_a_write_of_ours_answered() -> None:
     fake = NodeAndSlices()
     async with scripted_api(fake) as api:
-        pub = publisher(api)
-        await pub.publish_once()
-        pub.seen("SYNC", {"items": fake.listed()})
+        pub = await published(api, fake)
         (name,) = fake.slices
         stale = fake.listed()[0]
-        fake.slices[name]["spec"]["devices"] = []
-        pub.seen("MODIFIED", fake.store(fake.slices[name]))
+        pub.seen("MODIFIED", fake.emptied(name))
         assert await pub.publish_once()  # put right: the answer's resourceVersion is kept
         pub.seen("MODIFIED", stale)  # the watch, late, with a version older than our write
         before = len(fake.requests)
