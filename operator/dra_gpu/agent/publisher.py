@@ -12,10 +12,11 @@ What the API holds is read from that watch (a watch-list of the node's slices: `
 not asked again at each check: a check whose inventory did not change sends nothing, so a quiet
 agent costs the API server its two watches and nothing more, and an API server restart costs it
 one request per watch. The pool and the Node are read by request only where the watch cannot
-say: before its first state came, while it is broken, after a publication that failed (a
-conflict: what we hold may be old) and, for the Node, after one of our slices was deleted by
-someone else (a Node deleted and made again under the same name takes its slices with it, and
-the new slices must name the new Node's UID).
+say: before its first state came, while it is broken, after a publication the API server
+refused (a conflict: what we hold may be old; not one it did not answer, or answered 429 or
+5xx) and, for the Node, after one of our slices was deleted by someone else (a Node deleted
+and made again under the same name takes its slices with it, and the new slices must name the
+new Node's UID).
 
 Slices are never deleted on shutdown: a restarting agent must not empty the node, and a deleted
 Node takes its slices with it through their ownerReference.
@@ -180,8 +181,9 @@ class SlicePublisher:
         """Bring the API in line with the inventory; True if a new generation was written."""
         try:
             wrote = await self._publish()
-        except Exception:
-            self._node, self._stale = None, True  # what we hold may be old: read it all again
+        except Exception as exc:
+            if not _not_done(exc):  # refused (a conflict...): what we hold may be old
+                self._node, self._stale = None, True
             raise
         self._stale = False
         return wrote
@@ -462,6 +464,14 @@ def _taint_count(bodies: list[Any]) -> int:
         if isinstance(b, dict)
         for d in (b.get("spec") or {}).get("devices") or ()
     )
+
+
+def _not_done(exc: Exception) -> bool:
+    """Whether a failed request was not carried out: no answer (the API server away), or 429
+    or 5xx (it did not take the request). Such a failure says nothing of what the API holds."""
+    if isinstance(exc, kube.ApiError):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, OSError)
 
 
 def _version(body: kube.Body) -> int:

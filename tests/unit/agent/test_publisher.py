@@ -33,8 +33,13 @@ class NodeAndSlices:
         self.node: dict[str, Any] = {"metadata": {"name": NODE, "uid": "node-uid-1"}}
         self.slices: dict[str, dict[str, Any]] = {}
         self.rv = 100
+        self.unavailable = 0
+        """The next this many requests are answered 503, as an API server that is starting."""
 
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if self.unavailable:
+            self.unavailable -= 1
+            return 503, status(503, "ServiceUnavailable", "the server is starting")
         if path == NODE_PATH:
             return 200, self.node
         if path == SLICES and method == "GET":
@@ -148,3 +153,17 @@ async def test_an_older_event_does_not_undo_what_a_write_of_ours_answered() -> N
         before = len(fake.requests)
         assert not await pub.publish_once()
         assert fake.sent(before) == []
+
+
+async def test_a_publication_the_api_server_did_not_carry_out_keeps_what_the_watch_said() -> None:
+    fake = NodeAndSlices()
+    async with scripted_api(fake) as api:
+        pub = await published(api, fake)
+        (name,) = fake.slices
+        pub.seen("MODIFIED", fake.emptied(name))
+        fake.unavailable = 1
+        with pytest.raises(Exception, match="503"):
+            await pub.publish_once()  # 503: not done, nothing learnt of the pool
+        before = len(fake.requests)
+        assert await pub.publish_once()
+        assert fake.sent(before) == [("PUT", f"{SLICES}/{name}")]  # no GET, no list
