@@ -38,8 +38,8 @@ the same back-off, instead of resuming: one request whatever the server still ho
 410 then a list. Meant for watches of a few objects (an agent's own node's pods and slices):
 their state costs the server no more than the events since, and an API server that restarted
 answers a resumed watch 410 once its watch cache is filled (it starts at the current revision),
-so a fleet's restart costs each watch one request instead of three. A server that refuses the parameter (422: the
-``WatchList`` gate off) is listed and watched as above from then on.
+so a fleet's restart costs each watch one request instead of three. A server that refuses the
+parameter (422: the ``WatchList`` gate off) is listed and watched as above from then on.
 
 Must not: build requests or read credentials (``Api``, the client, sends them), or know which
 objects are watched.
