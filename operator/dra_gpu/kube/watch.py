@@ -232,17 +232,8 @@ async def _watch_from(
         except (OSError, ValueError) as exc:
             why, asked = _words(exc), 0.0
         broken = True
-        if on_break is not None:
-            on_break()
-        delay = max(delays.next(), asked)
-        log.warning(
-            "watch %s broke (%s); watching again from resourceVersion %s in %.1f s",
-            path,
-            why,
-            rv,
-            delay,
-        )
-        await timing.sleep(delay)
+        again = f"watching again from resourceVersion {rv}"
+        await _after_break(f"watch {path}", why, again, asked, delays, timing, on_break)
 
 
 async def _watch_lists(
@@ -279,11 +270,11 @@ async def _watch_lists(
                             yield kind, obj
                     elif kind == "BOOKMARK" and _ends_initial_events(obj):
                         synced = True
-                        rv = {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")}
+                        at = {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")}
                         if page_size is not None and initial:
                             yield "PAGE", {"metadata": {}, "items": initial}
                             initial = []
-                        yield "SYNC", {"metadata": rv, "items": initial}
+                        yield "SYNC", {"metadata": at, "items": initial}
                         initial = []
                     elif kind == "ADDED":
                         initial.append(obj)
@@ -300,11 +291,25 @@ async def _watch_lists(
             why, asked = _words(exc), _asked(exc)
         except (OSError, ValueError) as exc:
             why, asked = _words(exc), 0.0
-        if on_break is not None:
-            on_break()
-        delay = max(delays.next(), asked)
-        log.warning("watch-list %s broke (%s); sent again in %.1f s", path, why, delay)
-        await timing.sleep(delay)
+        await _after_break(f"watch-list {path}", why, "sent again", asked, delays, timing, on_break)
+
+
+async def _after_break(
+    what: str,
+    why: str,
+    again: str,
+    asked: float,
+    delays: backoff.Delays,
+    timing: backoff.Timing,
+    on_break: Callable[[], None] | None,
+) -> None:
+    """A watch (or watch-list) broke: ``on_break`` is told, and the back-off waited, at least
+    what the server asked for."""
+    if on_break is not None:
+        on_break()
+    delay = max(delays.next(), asked)
+    log.warning("%s broke (%s); %s in %.1f s", what, why, again, delay)
+    await timing.sleep(delay)
 
 
 def _ends_initial_events(bookmark: errors.Body) -> bool:

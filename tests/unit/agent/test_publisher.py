@@ -73,8 +73,12 @@ class NodeAndSlices:
     def listed(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(s) for s in self.slices.values()]
 
-    def sent(self, since: int = 0) -> list[tuple[str, str]]:
-        return [(method, path) for method, path, _ in self.requests[since:]]
+    def sent(self) -> list[tuple[str, str]]:
+        """The requests since the last ``forget``, as (method, path)."""
+        return [(method, path) for method, path, _ in self.requests]
+
+    def forget(self) -> None:
+        self.requests.clear()
 
 
 def publisher(api: Any) -> SlicePublisher:
@@ -97,15 +101,15 @@ async def test_a_check_that_finds_nothing_changed_sends_nothing_once_the_watch_h
         pub = publisher(api)
         assert await pub.publish_once()
         assert fake.sent() == [("GET", NODE_PATH), ("GET", SLICES), ("POST", SLICES)]
-        before = len(fake.requests)
+        fake.forget()
         assert not await pub.publish_once()  # the watch has said nothing yet: listed
-        assert fake.sent(before) == [("GET", SLICES)]
+        assert fake.sent() == [("GET", SLICES)]
         pub.seen("SYNC", {"items": fake.listed()})
         assert metrics.AGENT.get_sample_value("dra_gpu_watch_live", {"resource": SLICE_KIND}) == 1
-        before = len(fake.requests)
+        fake.forget()
         for _ in range(3):
             assert not await pub.publish_once()
-        assert fake.sent(before) == []
+        assert fake.sent() == []
 
 
 async def test_a_slice_deleted_by_someone_else_is_published_again_under_the_nodes_new_uid() -> None:
@@ -117,9 +121,9 @@ async def test_a_slice_deleted_by_someone_else_is_published_again_under_the_node
         for gone in fake.listed():
             del fake.slices[gone["metadata"]["name"]]
             pub.seen("DELETED", gone)
-        before = len(fake.requests)
+        fake.forget()
         assert await pub.publish_once()
-        assert fake.sent(before) == [("GET", NODE_PATH), ("POST", SLICES)]  # no list: watched
+        assert fake.sent() == [("GET", NODE_PATH), ("POST", SLICES)]  # no list: watched
     owners = {o["uid"] for s in fake.listed() for o in s["metadata"]["ownerReferences"]}
     assert owners == {"node-uid-2"}
 
@@ -134,10 +138,10 @@ async def test_after_a_publication_that_failed_the_next_check_reads_everything_a
         fake.emptied(name)
         with pytest.raises(Exception, match="409"):
             await pub.publish_once()  # replaced at the resourceVersion the watch said: refused
-        before = len(fake.requests)
+        fake.forget()
         assert await pub.publish_once()
         replaced = ("PUT", f"{SLICES}/{name}")
-        assert fake.sent(before) == [("GET", NODE_PATH), ("GET", SLICES), replaced]
+        assert fake.sent() == [("GET", NODE_PATH), ("GET", SLICES), replaced]
         assert fake.slices[name]["spec"]["devices"]  # put right
 
 
@@ -150,9 +154,9 @@ async def test_an_older_event_does_not_undo_what_a_write_of_ours_answered() -> N
         pub.seen("MODIFIED", fake.emptied(name))
         assert await pub.publish_once()  # put right: the answer's resourceVersion is kept
         pub.seen("MODIFIED", stale)  # the watch, late, with a version older than our write
-        before = len(fake.requests)
+        fake.forget()
         assert not await pub.publish_once()
-        assert fake.sent(before) == []
+        assert fake.sent() == []
 
 
 async def test_a_publication_the_api_server_did_not_carry_out_keeps_what_the_watch_said() -> None:
@@ -164,6 +168,6 @@ async def test_a_publication_the_api_server_did_not_carry_out_keeps_what_the_wat
         fake.unavailable = 1
         with pytest.raises(Exception, match="503"):
             await pub.publish_once()  # 503: not done, nothing learnt of the pool
-        before = len(fake.requests)
+        fake.forget()
         assert await pub.publish_once()
-        assert fake.sent(before) == [("PUT", f"{SLICES}/{name}")]  # no GET, no list
+        assert fake.sent() == [("PUT", f"{SLICES}/{name}")]  # no GET, no list
