@@ -67,7 +67,7 @@ SLICE = 0.01
 """Seconds of explaining between two yields to the event loop: what an admission review,
 a scrape or a probe waits at most behind the explanations."""
 PARALLEL = 16
-"""Claims posted at a time (each a few Events)."""
+"""Claims posted at a time (each a few Events, posted together)."""
 URGENT_PARALLEL = 4
 """The same, for new waiting pods' claims, posted beside the others."""
 BULK = 2_000

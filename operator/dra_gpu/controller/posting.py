@@ -104,9 +104,11 @@ class Reporter:
         level = logging.WARNING if type_ == "Warning" else logging.INFO
         log.log(level, "ResourceClaim %s: %s", events.object_ref(claim)["name"], message)
         said = meanings.event_annotations(meaning)
-        await self._post(claim, "ResourceClaim", reason, message, type_, said)
-        for pod in pods:
-            await self._post(pod, "Pod", reason, message, type_, said)
+        # The claim's Event and its pods' at once (none raises: a failed post is logged).
+        await asyncio.gather(
+            self._post(claim, "ResourceClaim", reason, message, type_, said),
+            *(self._post(pod, "Pod", reason, message, type_, said) for pod in pods),
+        )
         metrics.EXPLAIN_EVENTS.labels(reason).inc()
         self._posted[uid] = meanings.Said(reason, message, meaning)
         return True

@@ -9,11 +9,16 @@ Each connection is its own task, so a slow client holds up nobody else; it may s
 requests one after the other (keep-alive), waits at most ``IDLE_SECONDS`` between them and
 ``REQUEST_SECONDS`` for a request to arrive whole and its answer to leave. A request that is
 not valid HTTP gets ``400`` and the connection closes; nothing a client sends stops the server.
+``/metrics`` is written out in a thread of its own (``SCRAPES``): a full scrape of the
+controller at a thousand nodes is tens of milliseconds of Python, which on the event loop would
+hold up every watch event, pass and admission review meanwhile (prometheus_client's metrics
+take their locks; the thread gives the loop the interpreter back every few milliseconds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import http
 import logging
@@ -41,6 +46,8 @@ MAX_HEAD: Final = 16384
 """The largest request head (request line and headers) accepted."""
 MAX_BODY: Final = 65536
 """These paths take no body; a client may send a small one, which is read and ignored."""
+SCRAPES: Final = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metrics")
+"""Where ``/metrics`` answers are written out, one at a time (started at the first scrape)."""
 
 
 def _routes(
@@ -56,9 +63,9 @@ def _routes(
             # ``?name[]=a&name[]=b``: those metrics only, as prometheus_client's own exposition
             # serves them (a probe that reads one metric does not pay for every series).
             names = [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "name[]"]
-            body = prometheus_client.generate_latest(
-                registry.restricted_registry(names) if names else registry
-            )
+            scraped = registry.restricted_registry(names) if names else registry
+            loop = asyncio.get_running_loop()
+            body = await loop.run_in_executor(SCRAPES, prometheus_client.generate_latest, scraped)
             return 200, prometheus_client.CONTENT_TYPE_LATEST, body
 
         return route

@@ -13,17 +13,18 @@ each, which nothing here queries). Both components count their API client's requ
 
 The controller's cluster-wide series (devices, memory, classes, claims, partitions and shares,
 pools, pod timings, the kubelets' prepare failures) live in ``CLUSTER``, which every replica
-keeps up to date but only the leader serves (``CLUSTER_WIDE``: a collector of ``CONTROLLER``
-that yields them while ``leading``). A standby's page has none of them — absent, not zero —
-so ``sum`` over replicas counts each device once, and a standby that takes over serves
-numbers already current. What a replica did itself (explanations posted, repairs, passes, its
-API requests) stays on every replica's page.
+keeps up to date but only the leader serves (``CLUSTER_WIDE``: one gate per metric on
+``CONTROLLER``, which yields its series while ``leading``). A standby's page has none of
+them — absent, not zero — so ``sum`` over replicas counts each device once, and a standby
+that takes over serves numbers already current. What a replica did itself (explanations
+posted, repairs, passes, its API requests) stays on every replica's page.
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterable
+from typing import TypeVar
 
 import prometheus_client
 from prometheus_client import (
@@ -35,6 +36,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
 import dra_gpu
@@ -57,6 +59,7 @@ for _registry in (AGENT, CONTROLLER):
         registry=_registry,
     ).labels(dra_gpu.__version__, platform.python_version()).set(1)
 
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 RESULTS = ("success", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
 _API_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -90,19 +93,33 @@ class ApiRequests:
 
 
 class LeaderOnly:
-    """A collector of ``CONTROLLER`` that yields ``CLUSTER``'s series while ``leading``."""
+    """Whether ``registry`` serves the cluster-wide series (``serve``): while ``leading``.
+
+    One gate per metric, so that a scrape of some names only (``name[]``) collects those
+    metrics alone: a single collector holding every cluster-wide series would be collected
+    whole for any of its names (tens of milliseconds at a thousand nodes)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.leading = False
 
-    def collect(self) -> Iterator[Metric]:
-        if self.leading:
-            yield from self.registry.collect()
+    def serve(self, metric: _Metric) -> _Metric:
+        """``metric`` (kept in ``CLUSTER``) served on ``registry`` while ``leading``."""
+        self.registry.register(_Gated(self, metric))
+        return metric
 
-    def describe(self) -> list[Metric]:
-        """``registry``'s metrics, for their names (a scrape of some names only finds them)."""
-        return list(self.registry.collect())
+
+class _Gated:
+    """One metric's series while its ``LeaderOnly`` is ``leading``; its name always."""
+
+    def __init__(self, gate: LeaderOnly, metric: MetricWrapperBase) -> None:
+        self.gate, self.metric = gate, metric
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metric.collect() if self.gate.leading else ()
+
+    def describe(self) -> Iterable[Metric]:
+        return self.metric.describe()
 
 
 # --- node agent ---------------------------------------------------------------------------------
@@ -268,91 +285,115 @@ for _watched in ("pods", "resourceslices"):
 CLUSTER = CollectorRegistry()
 """The controller's cluster-wide series: served on ``CONTROLLER`` only while ``CLUSTER_WIDE``
 is ``leading``."""
-CLUSTER_WIDE = LeaderOnly(CLUSTER)
-"""Registered on ``CONTROLLER`` below, once ``CLUSTER``'s metrics exist (for their names)."""
+CLUSTER_WIDE = LeaderOnly(CONTROLLER)
+"""Serves each metric of ``CLUSTER`` on ``CONTROLLER`` while this replica leads."""
 CONTROLLER_API = ApiRequests(CONTROLLER)
 """The controller's API client's requests (its ``kube.Kube``'s observer; Kopf's watches use
 Kopf's own client)."""
 
-DEVICES = Gauge(
-    "dra_gpu_devices",
-    "Devices of our driver in published (complete) pools, by node and state "
-    "(published, allocated, free).",
-    ["node", "state"],
-    registry=CLUSTER,
+DEVICES = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_devices",
+        "Devices of our driver in published (complete) pools, by node and state "
+        "(published, allocated, free).",
+        ["node", "state"],
+        registry=CLUSTER,
+    )
 )
-TAINTED_DEVICES = Gauge(
-    "dra_gpu_tainted_devices",
-    "Published devices of our driver with a taint, by node and worst effect (NoSchedule: no "
-    "new claims; NoExecute: their pods are evicted too).",
-    ["node", "effect"],
-    registry=CLUSTER,
+TAINTED_DEVICES = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_tainted_devices",
+        "Published devices of our driver with a taint, by node and worst effect (NoSchedule: no "
+        "new claims; NoExecute: their pods are evicted too).",
+        ["node", "effect"],
+        registry=CLUSTER,
+    )
 )
-CLASS_DEVICES = Gauge(
-    "dra_gpu_class_devices",
-    "Devices that a DeviceClass's selectors admit, by class and state "
-    "(published, allocated, free).",
-    ["deviceclass", "state"],
-    registry=CLUSTER,
+CLASS_DEVICES = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_class_devices",
+        "Devices that a DeviceClass's selectors admit, by class and state "
+        "(published, allocated, free).",
+        ["deviceclass", "state"],
+        registry=CLUSTER,
+    )
 )
-MEMORY = Gauge(
-    "dra_gpu_memory_bytes",
-    "Memory capacity of our devices, by node and state (published, allocated, free).",
-    ["node", "state"],
-    registry=CLUSTER,
+MEMORY = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_memory_bytes",
+        "Memory capacity of our devices, by node and state (published, allocated, free).",
+        ["node", "state"],
+        registry=CLUSTER,
+    )
 )
-COUNTERS = Gauge(
-    "dra_gpu_counters",
-    "Counters of our partitioned devices' counter sets (sharedCounters), by node, counter set, "
-    "counter and state (used by allocated devices, free); counters alike add up "
-    "(memory-slice-0..7 as memory-slice).",
-    ["node", "counter_set", "counter", "state"],
-    registry=CLUSTER,
+COUNTERS = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_counters",
+        "Counters of our partitioned devices' counter sets (sharedCounters), by node, counter set, "
+        "counter and state (used by allocated devices, free); counters alike add up "
+        "(memory-slice-0..7 as memory-slice).",
+        ["node", "counter_set", "counter", "state"],
+        registry=CLUSTER,
+    )
 )
-PARTITIONS_ALLOCATED = Gauge(
-    "dra_gpu_partitions_allocated",
-    "Allocated devices of our driver that consume a counter set (MIG partitions, or the whole "
-    "GPU), by node and counter set.",
-    ["node", "counter_set"],
-    registry=CLUSTER,
+PARTITIONS_ALLOCATED = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_partitions_allocated",
+        "Allocated devices of our driver that consume a counter set (MIG partitions, or the whole "
+        "GPU), by node and counter set.",
+        ["node", "counter_set"],
+        registry=CLUSTER,
+    )
 )
-SHARED_MEMORY = Gauge(
-    "dra_gpu_shared_memory_bytes",
-    "Memory capacity of our shared devices (allowMultipleAllocations), by node, device and "
-    "state (published, used by the shares held, free).",
-    ["node", "device", "state"],
-    registry=CLUSTER,
+SHARED_MEMORY = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_shared_memory_bytes",
+        "Memory capacity of our shared devices (allowMultipleAllocations), by node, device and "
+        "state (published, used by the shares held, free).",
+        ["node", "device", "state"],
+        registry=CLUSTER,
+    )
 )
-SHARES = Gauge(
-    "dra_gpu_shares",
-    "Shares held of each of our shared devices (allocation results with a shareID).",
-    ["node", "device"],
-    registry=CLUSTER,
+SHARES = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_shares",
+        "Shares held of each of our shared devices (allocation results with a shareID).",
+        ["node", "device"],
+        registry=CLUSTER,
+    )
 )
-CLAIMS = Gauge(
-    "dra_gpu_claims",
-    "ResourceClaims by state: pending (not allocated), allocated (not reserved), reserved.",
-    ["state"],
-    registry=CLUSTER,
+CLAIMS = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_claims",
+        "ResourceClaims by state: pending (not allocated), allocated (not reserved), reserved.",
+        ["state"],
+        registry=CLUSTER,
+    )
 )
-POD_CLAIMS_ALLOCATED_SECONDS = Histogram(
-    "dra_gpu_pod_claims_allocated_seconds",
-    "Time from a pod's creation until all its resource claims were allocated.",
-    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
-    registry=CLUSTER,
+POD_CLAIMS_ALLOCATED_SECONDS = CLUSTER_WIDE.serve(
+    Histogram(
+        "dra_gpu_pod_claims_allocated_seconds",
+        "Time from a pod's creation until all its resource claims were allocated.",
+        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+        registry=CLUSTER,
+    )
 )
-POD_RUNNING_SECONDS = Histogram(
-    "dra_gpu_pod_running_seconds",
-    "Time from the creation of a pod with resource claims until it was Ready (its Ready "
-    "condition's lastTransitionTime).",
-    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
-    registry=CLUSTER,
+POD_RUNNING_SECONDS = CLUSTER_WIDE.serve(
+    Histogram(
+        "dra_gpu_pod_running_seconds",
+        "Time from the creation of a pod with resource claims until it was Ready (its Ready "
+        "condition's lastTransitionTime).",
+        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+        registry=CLUSTER,
+    )
 )
-PENDING_CLAIM_AGE = Gauge(
-    "dra_gpu_pending_claim_age_seconds",
-    "Age of the oldest pending (not allocated) ResourceClaim, from its creationTimestamp; 0 "
-    "when none is pending.",
-    registry=CLUSTER,
+PENDING_CLAIM_AGE = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_pending_claim_age_seconds",
+        "Age of the oldest pending (not allocated) ResourceClaim, from its creationTimestamp; 0 "
+        "when none is pending.",
+        registry=CLUSTER,
+    )
 )
 EXPLAIN_EVENTS = Counter(
     "dra_gpu_explain_events_total",
@@ -360,15 +401,19 @@ EXPLAIN_EVENTS = Counter(
     ["reason"],
     registry=CONTROLLER,
 )
-PREPARE_FAILURES = Counter(
-    "dra_gpu_prepare_failures_total",
-    "FailedPrepareDynamicResources events the kubelet posted on pods (each occurrence).",
-    registry=CLUSTER,
+PREPARE_FAILURES = CLUSTER_WIDE.serve(
+    Counter(
+        "dra_gpu_prepare_failures_total",
+        "FailedPrepareDynamicResources events the kubelet posted on pods (each occurrence).",
+        registry=CLUSTER,
+    )
 )
-INCONSISTENT_POOLS = Gauge(
-    "dra_gpu_inconsistent_pools",
-    "Pools of our driver whose slices disagree on generation or slice count.",
-    registry=CLUSTER,
+INCONSISTENT_POOLS = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_inconsistent_pools",
+        "Pools of our driver whose slices disagree on generation or slice count.",
+        registry=CLUSTER,
+    )
 )
 STALE_SLICES_DELETED = Counter(
     "dra_gpu_stale_slices_deleted_total",
@@ -380,12 +425,14 @@ DEVICE_STATUS_REPAIRS = Counter(
     "status.devices entries of our driver removed because the device is no longer allocated.",
     registry=CONTROLLER,
 )
-NODES_DRIVER_GONE = Gauge(
-    "dra_gpu_nodes_driver_gone",
-    "Nodes with a pool of our driver whose agent pod has been absent or not Ready for longer "
-    "than the grace period (controller.driverGone.graceSeconds): their devices are tainted "
-    "NoSchedule (a DeviceTaintRule), or, where the API server serves none, only reported.",
-    registry=CLUSTER,
+NODES_DRIVER_GONE = CLUSTER_WIDE.serve(
+    Gauge(
+        "dra_gpu_nodes_driver_gone",
+        "Nodes with a pool of our driver whose agent pod has been absent or not Ready for longer "
+        "than the grace period (controller.driverGone.graceSeconds): their devices are tainted "
+        "NoSchedule (a DeviceTaintRule), or, where the API server serves none, only reported.",
+        registry=CLUSTER,
+    )
 )
 TAINT_RULE_WRITES = Counter(
     "dra_gpu_taint_rule_writes_total",
@@ -453,4 +500,3 @@ for _kind in ("resourceclaims", "resourceclaimtemplates", "deviceclasses"):
         ADMISSION_REQUESTS.labels(_kind, _result)
 for _change in ("create", "delete"):
     TAINT_RULE_WRITES.labels(_change)
-CONTROLLER.register(CLUSTER_WIDE)

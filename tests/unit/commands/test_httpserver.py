@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 import urllib.error
 import urllib.request
 from contextlib import AbstractAsyncContextManager
 
 import prometheus_client
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from dra_gpu.serving import httpserver
 from tests.support.ports import free_port
@@ -71,6 +75,43 @@ async def test_metrics_whole_or_by_name_and_the_probes_on_one_port() -> None:
         assert "dra_gpu_a" not in one
         assert await fetch(port, "/healthz") == (200, "ok\n")
         assert await fetch(port, "/readyz") == (503, "slices not published yet\n")
+
+
+class _Slow:
+    """A collector that takes ``seconds`` to collect, and tells in which thread it ran."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.threads: list[str] = []
+        self.started = threading.Event()
+
+    def collect(self) -> list[Metric]:
+        self.threads.append(threading.current_thread().name)
+        self.started.set()
+        time.sleep(self.seconds)  # Python holding the interpreter, as a big page's writing does
+        return [GaugeMetricFamily("dra_gpu_slow", "Slow.", value=1)]
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily("dra_gpu_slow", "Slow.")]
+
+
+async def test_a_scrape_is_written_out_off_the_event_loop() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    slow = _Slow(1.0)
+    registry.register(slow)
+    port = free_port()
+    async with httpserver.serving(
+        Where(metrics_port=port, health_port=port), registry=registry, healthz=ok, readyz=ok
+    ):
+        scrape = asyncio.create_task(fetch(port, "/metrics"))
+        assert await asyncio.to_thread(slow.started.wait, 5)
+        # The loop answers meanwhile: the probe is back before the page.
+        assert await fetch(port, "/healthz") == (200, "ok\n")
+        assert not scrape.done()
+        status, page = await scrape
+    assert status == 200
+    assert "dra_gpu_slow 1.0" in page
+    assert [name.startswith("metrics") for name in slow.threads] == [True]
 
 
 async def exchange(port: int, request: bytes) -> bytes:
