@@ -44,6 +44,7 @@ from typing import Any
 import aiohttp
 from bench_controller import (
     DRIVER,
+    KOPF_CAUGHT_UP,
     KOPF_CAUGHT_UP_WITHIN,
     RESOURCE,
     Cluster,
@@ -202,9 +203,7 @@ async def run(shape: Shape, reviews: int, rate: float) -> None:
             controller = ControllerProcess(
                 "bench", cp.kubeconfig, Path(tmp), resync_seconds=30, webhook_port=port
             )
-            caught_up = LogWatch(
-                controller.log_file, {"kopf_pods": r"Kopf has handed over its Pod listing"}
-            )
+            caught_up = LogWatch(controller.log_file, {"kopf_pods": KOPF_CAUGHT_UP})
             logs = asyncio.create_task(caught_up.run_forever(), name="log")
             controller.spawn()
             stream: asyncio.Task[None] | None = None

@@ -1082,7 +1082,7 @@ async def run_apiserver(
                 controller.log_file,
                 {
                     "lists": r"start-up lists done in",
-                    "kopf_pods": r"Kopf has handed over its Pod listing",
+                    "kopf_pods": KOPF_CAUGHT_UP,
                 },
             )
 
@@ -1261,6 +1261,8 @@ async def run_apiserver(
     print(f"BENCH controller_apiserver_sigterm_exit {stopped:.3f} s")
 
 
+KOPF_CAUGHT_UP = r"Kopf has handed over its Pod listing"
+"""The controller's log line once Kopf has handed over its initial Pod listing (caught up)."""
 KOPF_CAUGHT_UP_WITHIN = 1200.0
 """Seconds to wait for Kopf to hand over its Pod listing (558 s at 2,000 x 8 / 40,000 pods)."""
 MAKE_BENCH = ("--nodes=300", "--claims=1800", "--pending=300", "--other-pods=10000")

@@ -63,6 +63,7 @@ _Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 RESULTS = ("success", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
 _API_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_POD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
 class ApiRequests:
@@ -374,7 +375,7 @@ POD_CLAIMS_ALLOCATED_SECONDS = CLUSTER_WIDE.serve(
     Histogram(
         "dra_gpu_pod_claims_allocated_seconds",
         "Time from a pod's creation until all its resource claims were allocated.",
-        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+        buckets=_POD_BUCKETS,
         registry=CLUSTER,
     )
 )
@@ -383,7 +384,7 @@ POD_RUNNING_SECONDS = CLUSTER_WIDE.serve(
         "dra_gpu_pod_running_seconds",
         "Time from the creation of a pod with resource claims until it was Ready (its Ready "
         "condition's lastTransitionTime).",
-        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+        buckets=_POD_BUCKETS,
         registry=CLUSTER,
     )
 )
