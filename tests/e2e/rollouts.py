@@ -77,13 +77,21 @@ class RegistrationWatch:
         self.nodes, self.driver = nodes, driver
         self.longest = {n.name: 0.0 for n in nodes}
         self.most = {n.name: 0 for n in nodes}
+        self.changes: dict[str, list[tuple[float, list[str]]]] = {n.name: [] for n in nodes}
+        """Per node, when (seconds since the watch started) the sockets there changed, and to
+        which: what a failed assertion shows."""
         self._since: dict[str, float | None] = {n.name: None for n in nodes}
+        self._start = time.monotonic()
 
     def look(self) -> None:
         now = time.monotonic()
         for node in self.nodes:
             registry = node.kubelet_dir / "plugins_registry"
-            found = len(list(registry.glob(f"{self.driver}-*reg.sock")))
+            names = sorted(p.name for p in registry.glob(f"{self.driver}-*reg.sock"))
+            found = len(names)
+            changes = self.changes[node.name]
+            if not changes or changes[-1][1] != names:
+                changes.append((round(now - self._start, 1), names))
             self.most[node.name] = max(self.most[node.name], found)
             since = self._since[node.name]
             if found == 0 and since is None:
@@ -192,11 +200,24 @@ class Load:
 
 
 async def agent_uids(api: kube.Kube, release: Release) -> set[str]:
+    return {p["metadata"]["uid"] for p in await _agents(api, release)}
+
+
+async def agent_restarts(api: kube.Kube, release: Release) -> int:
+    """How often the containers of the release's agent pods there are now restarted."""
+    return sum(
+        c.get("restartCount", 0)
+        for pod in await _agents(api, release)
+        for c in pod.get("status", {}).get("containerStatuses", [])
+    )
+
+
+async def _agents(api: kube.Kube, release: Release) -> list[kube.Body]:
     listing = await api.get(
         f"/api/v1/namespaces/{release.namespace}/pods",
         labelSelector=f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=agent",
     )
-    return {p["metadata"]["uid"] for p in listing["items"]}
+    return list(listing["items"])
 
 
 async def one_gpu_template(api: kube.Kube, namespace: str, device_class: str) -> None:
@@ -232,6 +253,8 @@ class Phase:
         self.failed_prepares: list[str] = []
         self.longest_gap: dict[str, float] = {}
         self.most_sockets: dict[str, int] = {}
+        self.socket_changes: dict[str, list[tuple[float, list[str]]]] = {}
+        self.agent_restarts = 0
 
     def __str__(self) -> str:
         return (
@@ -241,6 +264,16 @@ class Phase:
             + ", ".join(f"{n} {s:.1f} s" for n, s in sorted(self.longest_gap.items()))
             + "; most registration sockets at once: "
             + ", ".join(f"{n} {c}" for n, c in sorted(self.most_sockets.items()))
+        )
+
+    def __repr__(self) -> str:  # what a failed assertion prints
+        changes = "; ".join(
+            f"{n}: " + " ".join(f"{t} s {names}" for t, names in seen)
+            for n, seen in sorted(self.socket_changes.items())
+        )
+        return (
+            f"{self}; agent restarts: {self.agent_restarts}; failed prepares: "
+            f"{self.failed_prepares}; registration sockets: {changes}"
         )
 
 
@@ -274,6 +307,8 @@ async def roll(
         stop_watch.set()
         await watching
     phase.longest_gap, phase.most_sockets = watch.longest, watch.most
+    phase.socket_changes = watch.changes
+    phase.agent_restarts = await agent_restarts(api, release)
     phase.failed_prepares = [
         message
         for uid, (count, message) in (await failed_prepares(api, namespace)).items()
