@@ -163,9 +163,7 @@ class Load:
                 self.never_ran.append(name)
             else:
                 self.ran.append(name)
-                self.restarts += sum(
-                    c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", [])
-                )
+                self.restarts += restarts(pod)
             await answered(functools.partial(self._delete, path))
             done += 1
 
@@ -204,12 +202,14 @@ async def agent_uids(api: kube.Kube, release: Release) -> set[str]:
 
 
 async def agent_restarts(api: kube.Kube, release: Release) -> int:
-    """How often the containers of the release's agent pods there are now restarted."""
-    return sum(
-        c.get("restartCount", 0)
-        for pod in await _agents(api, release)
-        for c in pod.get("status", {}).get("containerStatuses", [])
-    )
+    """The container restarts of the release's agent pods there are now (those of pods a
+    rollout replaced are gone with them)."""
+    return sum(restarts(pod) for pod in await _agents(api, release))
+
+
+def restarts(pod: kube.Body) -> int:
+    """How often ``pod``'s containers restarted."""
+    return sum(c.get("restartCount", 0) for c in pod.get("status", {}).get("containerStatuses", []))
 
 
 async def _agents(api: kube.Kube, release: Release) -> list[kube.Body]:
