@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -57,3 +58,20 @@ async def test_a_cycle_frozen_while_alive_is_freed_at_the_next_reclaim() -> None
     assert gone() is None
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def test_kopfs_worker_for_an_object_ends_soon_after_its_event() -> None:
+    # A worker waiting for an object's next event keeps its task and the last event's body
+    # alive: thousands of them, walked by every full collection, at a big cluster's listing.
+    import kopf
+    from kopf._core.intents.causes import Activity
+
+    from dra_gpu.controller import view, wiring
+
+    handlers = wiring.registry(view.ClusterView(), lambda: None)
+    settings = kopf.OperatorSettings()
+    assert settings.queueing.idle_timeout == 5.0  # Kopf's own
+    for handler in handlers._activities.get_handlers(activity=Activity.STARTUP):
+        configure: Callable[..., object] = handler.fn  # Kopf passes more; it takes **_
+        configure(settings=settings)
+    assert settings.queueing.idle_timeout == wiring.WORKER_IDLE_SECONDS <= 0.5
