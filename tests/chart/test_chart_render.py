@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from dra_gpu import config
+from dra_gpu.agent import server
 from dra_gpu.devices import model, simulated
 from tests.chart.template import CHART, FULL_VALUES, container, env_of, find, helm, refusal, render
 
@@ -341,6 +343,14 @@ def test_controller_runs_as_non_root_with_read_only_root() -> None:
         container(controller)[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")
     }
     assert probes == {"/healthz", "/readyz"}
+
+
+def test_the_agents_probes_wait_for_its_two_grpc_calls() -> None:
+    # /healthz and /readyz call the registration and DRA servers, each with its own deadline.
+    deadline = inspect.signature(server.answers).parameters["deadline"].default
+    agent = container(find(render(), "DaemonSet"))
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert agent[probe]["timeoutSeconds"] > 2 * deadline, probe
 
 
 def test_no_rule_grants_wildcards_and_secrets_only_the_webhooks_own() -> None:
