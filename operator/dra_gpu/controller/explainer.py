@@ -354,11 +354,12 @@ class Explainer:
         view = self.view
         if self._clean_at == view.generation:
             return  # nothing changed since every explanation was last worked out
+        generation = view.generation  # what ``stale`` sees: a change after it comes next pass
         stale = self.stale()
         if self._sweeping:  # a new leader's first pass: every claim waiting now is a sweep
             self._sweeping = False
             self._sweep = {entry.key for entry in stale}
-        generation = view.generation
+        await asyncio.sleep(0)  # the list took up to a few ms: a break before the first slice
         reached = 0
         started = time.monotonic()
         while reached < len(stale):

@@ -239,10 +239,14 @@ class Controller:
         """One pass: take what changed since the last one, update the metrics, and (leader)
         explain, check and repair what it touches."""
         changes = self.view.take_changes()
+        # Each part reads the view as it is now (a change since ``take_changes`` is in the
+        # next batch): between them, a break for the event loop (admission, watch events).
         self.tally.update(self.view, changes)
+        await asyncio.sleep(0)
         self.timings.update(self.view, changes, datetime.datetime.now(datetime.UTC))
         self.driver_gone.track(changes)
         self.explainer.note(changes)
+        await asyncio.sleep(0)
         self.startup.note(changes.claims)
         self._forget_unused(changes)
         metrics.LEADER.set(1 if self.leader.is_leader else 0)
